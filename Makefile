@@ -1,0 +1,13 @@
+# One entry for set-up, the demo and the tests. Each target runs the idempotent set-up first,
+# which installs whatever is missing (seconds when nothing is).
+.PHONY: setup demo test
+VENV ?= .venv
+
+setup:
+	bash scripts/setup.sh
+
+demo: setup
+	$(VENV)/bin/hvd-dynbatch demo
+
+test: setup
+	$(VENV)/bin/python -m pytest

@@ -1,0 +1,4 @@
+"""`python -m hvd_dynbatch` runs the CLI."""
+from .cli import main
+
+main()

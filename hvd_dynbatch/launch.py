@@ -1,0 +1,141 @@
+"""Start a job of N ranks on this machine under horovodrun (Gloo or MPI) or mpirun.
+
+The demo, the benchmarks and the tests all launch through here, so the flags that one machine
+needs (Open MPI's root and oversubscription switches, one compute thread per rank, the loopback
+interface for Gloo) are written once. On a cluster, users call horovodrun, mpirun or srun
+themselves; see the README.
+"""
+from __future__ import annotations
+
+import enum
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+from .errors import LaunchError
+
+
+class Launcher(str, enum.Enum):
+    """How the ranks are started."""
+
+    GLOO = "gloo"      # horovodrun --gloo
+    MPI = "mpi"        # horovodrun --mpi
+    MPIRUN = "mpirun"  # Open MPI's mpirun directly
+
+
+def _tool(name: str) -> str:
+    """The launcher beside this Python (the project's virtual environment) or on PATH."""
+    beside = Path(sys.executable).parent / name
+    if beside.exists():
+        return str(beside)
+    found = shutil.which(name)
+    if found is None:
+        raise LaunchError(f"'{name}' was not found; run the set-up (make setup) first")
+    return found
+
+
+def local_command(launcher: Launcher, np: int, argv: Sequence[str], *,
+                  elastic_discovery: Optional[str] = None, min_np: Optional[int] = None,
+                  max_np: Optional[int] = None) -> list:
+    """The command line that runs `argv` as `np` ranks on localhost.
+
+    With `elastic_discovery` (a host-discovery script) the job is a Horovod elastic job, which
+    is Gloo-only; `min_np` and `max_np` bound its size.
+    """
+    if np < 1:
+        raise LaunchError(f"the number of ranks must be at least 1, got {np}")
+    launcher = Launcher(launcher)
+    if launcher is Launcher.MPIRUN:
+        if elastic_discovery:
+            raise LaunchError("elastic jobs run under horovodrun (Gloo), not mpirun")
+        return [_tool("mpirun"), "-np", str(np), "--oversubscribe", "--bind-to", "none", *argv]
+    cmd = [_tool("horovodrun"), "-np", str(np)]
+    if elastic_discovery:
+        if launcher is not Launcher.GLOO:
+            raise LaunchError("Horovod elastic runs on Gloo only: use the gloo launcher")
+        # On one machine the elastic driver hangs without an explicit interface.
+        cmd += ["--host-discovery-script", elastic_discovery, "--network-interface", "lo"]
+        if min_np is not None:
+            cmd += ["--min-np", str(min_np)]
+        if max_np is not None:
+            cmd += ["--max-np", str(max_np)]
+    else:
+        cmd += ["-H", f"localhost:{np}"]
+    cmd.append("--gloo" if launcher is Launcher.GLOO else "--mpi")
+    return [*cmd, *argv]
+
+
+def local_env(threads_per_rank: int = 1, extra: Optional[Mapping[str, str]] = None) -> dict:
+    """The environment for local ranks: Open MPI allowed as root, a fixed number of threads."""
+    env = dict(os.environ)
+    env.update({
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        # More ranks than cores is normal here (3 ranks on 2 cores).
+        "OMPI_MCA_rmaps_base_oversubscribe": "1",
+        "OMP_NUM_THREADS": str(threads_per_rank),
+        "PYTHONUNBUFFERED": "1",
+    })
+    if extra:
+        env.update(extra)
+    return env
+
+
+@dataclass
+class JobResult:
+    """What a local job left: its exit code, its output, and whether it ran out of time."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    timed_out: bool
+
+
+def run_local(launcher: Launcher, np: int, argv: Sequence[str], *, timeout: float,
+              capture: bool = True, env: Optional[Mapping[str, str]] = None,
+              cwd: Optional[str] = None, **elastic) -> JobResult:
+    """Run `argv` as `np` local ranks and wait at most `timeout` seconds.
+
+    On time-out the launcher and all its descendants are killed (Horovod starts ranks in
+    process groups of their own, so killing the launcher's group alone is not enough): no rank
+    outlives the call.
+    """
+    cmd = local_command(launcher, np, argv, **elastic)
+    proc = subprocess.Popen(
+        cmd, env=local_env(extra=env), cwd=cwd, start_new_session=True, text=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE if capture else None,
+        stderr=subprocess.PIPE if capture else None,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid)
+        out, err = proc.communicate()
+        timed_out = True
+    except BaseException:
+        kill_tree(proc.pid)
+        raise
+    return JobResult(proc.returncode, out or "", err or "", timed_out)
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and every process below it."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass

@@ -1,0 +1,54 @@
+"""The stack under each launcher: Horovod's world, mpi4py's world, the exchange, failures."""
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hvd_dynbatch.launch import Launcher
+from launcher import CLI, PYTHON, run_ranks
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def test_package_imports_without_starting_horovod():
+    code = ("import sys, hvd_dynbatch; "
+            "assert 'horovod' not in sys.modules and 'mpi4py' not in sys.modules; "
+            "print(hvd_dynbatch.__version__)")
+    out = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip()
+
+
+@pytest.mark.parametrize("launcher, np, on_mpi, backend", [
+    (Launcher.GLOO, 2, False, "horovod"),
+    (Launcher.MPI, 2, True, "mpi4py"),
+    (Launcher.MPIRUN, 3, True, "mpi4py"),
+])
+def test_world_seen_by_each_rank(launcher, np, on_mpi, backend):
+    job = run_ranks(launcher, np, [*CLI, "check"], timeout=120)
+    assert job.returncode == 0, job.explain()
+    ranks = job.by_rank()
+    assert sorted(ranks) == list(range(np)), job.explain()
+    for rank, rec in ranks.items():
+        assert rec["size"] == np
+        assert rec["horovod_on_mpi"] is on_mpi
+        assert rec["allreduce_sum_of_ranks"] == sum(range(np))
+        assert rec["exchange_backend"] == backend
+        assert rec["allgathered_ranks"] == list(range(np))
+        if on_mpi:
+            # mpi4py's world is Horovod's world, rank for rank.
+            assert (rec["mpi_world_size"], rec["mpi_world_rank"]) == (np, rank)
+        else:
+            # Under Gloo every process is an MPI singleton.
+            assert (rec["mpi_world_size"], rec["mpi_world_rank"]) == (1, 0)
+
+
+@pytest.mark.parametrize("launcher", list(Launcher))
+def test_failing_rank_ends_the_job(launcher):
+    start = time.monotonic()
+    job = run_ranks(launcher, 2, [PYTHON, str(SCRIPTS / "fail_rank.py")], timeout=90)
+    assert not job.job.timed_out, f"the launcher hung after a rank failed\n{job.explain()}"
+    assert job.returncode != 0, job.explain()
+    assert time.monotonic() - start < 90
