@@ -10,7 +10,9 @@ import sys
 
 import click
 
+from .controller import Rule
 from .errors import DynBatchError
+from .train import Batching
 
 
 class _Group(click.Group):
@@ -38,15 +40,66 @@ def check():
     click.echo(json.dumps(run_check(), sort_keys=True))
 
 
-@main.command()
-@click.option("--np", "np_", default=2, show_default=True, help="Ranks to start on this machine.")
-def demo(np_):
-    """Start a small job on this machine and show what every rank sees."""
-    from .launch import Launcher, run_local
+def _int_list(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        return tuple(int(v) for v in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got '{value}'") from None
 
-    for launcher in (Launcher.GLOO, Launcher.MPI):
-        click.echo(f"== {np_} ranks under horovodrun --{launcher.value}")
-        job = run_local(launcher, np_, [sys.executable, "-m", "hvd_dynbatch", "check"],
-                        timeout=120, capture=False)
-        if job.returncode != 0:
-            raise DynBatchError(f"the {launcher.value} job failed with exit code {job.returncode}")
+
+@main.command()
+@click.option("--model", default="mlp", show_default=True,
+              help="linear, mlp, cnn, resnet18, resnet50 or torchvision:NAME.")
+@click.option("--dataset", default="digits", show_default=True,
+              help="digits (embedded), synthetic or imagefolder.")
+@click.option("--data-dir", type=click.Path(), help="Root of an imagefolder dataset.")
+@click.option("--image-size", default=64, show_default=True, help="imagefolder image side.")
+@click.option("--global-batch", default=64, show_default=True, help="B, summed over ranks.")
+@click.option("--lr", default=0.05, show_default=True, help="Learning rate.")
+@click.option("--momentum", default=0.9, show_default=True)
+@click.option("--seed", default=0, show_default=True)
+@click.option("--epochs", default=1, show_default=True)
+@click.option("--max-steps", type=int, help="Stop after this many steps.")
+@click.option("--batching", type=click.Choice([b.value for b in Batching]),
+              default="dynamic", show_default=True)
+@click.option("--controller", type=click.Choice([r.value for r in Rule]), default="pid",
+              show_default=True, help="Dynamic batching rule: plain proportional or refined.")
+@click.option("--adjust-every", default=5, show_default=True,
+              help="Steps between timing exchanges (and split adjustments).")
+@click.option("--min-batch", default=1, show_default=True, help="Smallest batch of one rank.")
+@click.option("--max-batch", type=int, help="Largest batch of one rank (a memory cap).")
+@click.option("--initial-split", callback=_int_list, help="First split, e.g. 16,48.")
+@click.option("--slowdown", help="Emulated slowdown per rank, '1,4', or a schedule "
+                                 "'0:1,4;50:4,1' (factors from each step on).")
+@click.option("--eval-every", default=0, show_default=True,
+              help="Steps between test evaluations (0: each epoch end).")
+@click.option("--target-accuracy", type=float,
+              help="Stop when the test accuracy reaches this (0-1); records the time to it.")
+@click.option("--metrics", type=click.Path(), help="JSON-lines metrics file (rank 0).")
+@click.option("--save-model", type=click.Path(), help="Rank 0 writes the final state_dict.")
+@click.option("--threads", default=1, show_default=True, help="Compute threads per rank.")
+@click.option("--progress/--no-progress", default=True, show_default=True,
+              help="Progress bar on rank 0 (only on a terminal).")
+def train(**options):
+    """Train on this rank of a Horovod job (run under horovodrun, mpirun or srun)."""
+    from .train import TrainConfig, train as run_training
+
+    summary = run_training(TrainConfig(**options))
+    if summary["world_size"] and _is_rank0():
+        click.echo(_summary_line(summary))
+
+
+def _is_rank0() -> bool:
+    import horovod.torch as hvd
+
+    return hvd.rank() == 0
+
+
+def _summary_line(s: dict) -> str:
+    acc = "n/a" if s["final_accuracy"] is None else f"{s['final_accuracy']:.3f}"
+    ttt = "" if s["time_to_target"] is None else f", target reached in {s['time_to_target']:.1f}s"
+    return (f"{s['batching']} batching on {s['world_size']} ranks: {s['steps']} steps, "
+            f"{s['samples_per_sec']:.0f} samples/s, loss {s['final_loss']:.4f}, "
+            f"accuracy {acc}{ttt}, final split {s['final_split']}")

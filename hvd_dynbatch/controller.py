@@ -1,0 +1,237 @@
+"""The batch controller: from measured per-rank step times to a new split of the global batch.
+
+Pure numpy and deterministic: every rank feeds it the same all-gathered (batch size, time)
+pairs and computes the same split, so no broadcast is needed, and the simulator drives this
+very code.
+
+The rule (Tyagi & Sharma 2020, "Taming Resource Heterogeneity In Distributed ML Training With
+Dynamic Batching", Sec. 3): worker i processed b_i samples in t_i seconds, so its throughput is
+r_i = b_i / t_i, and all workers finish together when b_i is proportional to r_i:
+
+    b_i' = B * r_i / sum_j r_j                                  (rule "p")
+
+The refined rule ("pid", the default) treats the proportional target as the set-point of a
+controller acting on a continuous allocation y (floats summing to B; the integer split is y
+rounded), using ideas from PID control as the paper suggests:
+
+* damping: y moves only a fraction `gain` of the way to the target each adjustment, and the
+  throughput estimate is an exponential average (weight `smoothing` on the newest reading), so
+  timing noise is not chased and the split does not oscillate;
+* integral: each worker's relative time error e_i = (mean(t) - t_i) / mean(t) is accumulated
+  (clamped against wind-up) and adds `integral_gain * I_i * B / n` samples, which removes the
+  steady imbalance that a fixed per-step overhead leaves under damping;
+* dead-band: nothing changes while max(t) / min(t) - 1 is below `deadband`;
+* a step limit: one adjustment moves a worker's batch by at most `max_change` of its current
+  size (and at least one sample), so one bad reading cannot wreck the split;
+* bounds: every worker's batch stays within [min_batch, max_batch] (a memory cap), and the
+  global batch B is conserved exactly by largest-remainder rounding.
+
+Times that are zero, negative, NaN or infinite make the controller keep the last split.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import numpy as np
+
+from .errors import DynBatchError
+
+
+class Rule(str, enum.Enum):
+    """Which control rule moves the split."""
+
+    P = "p"
+    PID = "pid"
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """Settings of the batch controller; checked on construction.
+
+    global_batch: B, the sum of all workers' batches, conserved exactly.
+    min_batch, max_batch: bounds on one worker's batch (max_batch None: only B bounds it).
+    rule: "p" (plain proportional) or "pid" (damped, with integral, dead-band and step limit).
+    gain: fraction of the way to the proportional target moved per adjustment ("pid").
+    smoothing: weight of the newest throughput reading in its running average ("pid").
+    integral_gain: weight of the accumulated time error ("pid").
+    deadband: relative imbalance max(t)/min(t) - 1 below which nothing changes ("pid").
+    max_change: largest relative change of one worker's batch per adjustment ("pid").
+    """
+
+    global_batch: int
+    min_batch: int = 1
+    max_batch: Optional[int] = None
+    rule: Rule = Rule.PID
+    gain: float = 0.8
+    smoothing: float = 0.7
+    integral_gain: float = 0.2
+    deadband: float = 0.03
+    max_change: float = 0.5
+
+    def __post_init__(self):
+        object.__setattr__(self, "rule", Rule(self.rule))
+        if self.global_batch < 1:
+            raise DynBatchError(f"the global batch must be positive, got {self.global_batch}")
+        if self.min_batch < 1:
+            raise DynBatchError(f"the minimum batch must be at least 1, got {self.min_batch}")
+        if self.max_batch is not None and self.max_batch < self.min_batch:
+            raise DynBatchError(
+                f"the maximum batch ({self.max_batch}) is below the minimum ({self.min_batch})")
+        for name in ("gain", "smoothing"):
+            value = getattr(self, name)
+            if not 0 < value <= 1:
+                raise DynBatchError(f"{name} must be in (0, 1], got {value}")
+        for name in ("integral_gain", "deadband"):
+            if getattr(self, name) < 0:
+                raise DynBatchError(f"{name} must not be negative, got {getattr(self, name)}")
+        if self.max_change <= 0:
+            raise DynBatchError(f"max_change must be positive, got {self.max_change}")
+
+    def check_world(self, world_size: int) -> None:
+        """Raise `DynBatchError` unless `world_size` workers can share the global batch."""
+        if world_size < 1:
+            raise DynBatchError(f"the world size must be positive, got {world_size}")
+        if self.global_batch < world_size * self.min_batch:
+            raise DynBatchError(
+                f"global batch {self.global_batch} is smaller than world size {world_size} x "
+                f"minimum batch {self.min_batch}; raise --global-batch or lower --min-batch")
+        if self.max_batch is not None and self.global_batch > world_size * self.max_batch:
+            raise DynBatchError(
+                f"global batch {self.global_batch} is larger than world size {world_size} x "
+                f"maximum batch {self.max_batch}; lower --global-batch or raise --max-batch")
+
+
+def apportion(weights: Sequence[float], total: int, lower: int = 0,
+              upper: Optional[int] = None) -> np.ndarray:
+    """Integers proportional to `weights` that sum to `total`, each within [lower, upper].
+
+    Bounds are met by water-filling (workers pinned at a bound take no further share; the rest
+    share what remains in proportion), then the integer parts are topped up by largest
+    remainder (Hamilton's method), ties going to the lower index so every rank agrees.
+    Raises `DynBatchError` when the bounds cannot hold `total`.
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    n = w.size
+    hi = np.inf if upper is None else float(upper)
+    if n == 0 or total < n * lower or total > n * hi:
+        raise DynBatchError(f"cannot split {total} samples over {n} workers within "
+                            f"[{lower}, {upper}] per worker")
+    if not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
+        w = np.ones(n)
+    share = _water_fill(w, float(total), float(lower), hi)
+    base = np.floor(share + 1e-9).astype(np.int64)
+    base = np.clip(base, lower, None if upper is None else upper)
+    short = int(total - base.sum())
+    room = base < hi
+    remainder = np.where(room, share - base, -np.inf)
+    order = np.lexsort((np.arange(n), -remainder))
+    for i in order[:short]:
+        base[i] += 1
+    return base
+
+
+def _water_fill(w: np.ndarray, total: float, lower: float, upper: float) -> np.ndarray:
+    """Real shares proportional to w, summing to total, clipped to [lower, upper]."""
+    share = np.empty_like(w)
+    free = np.ones(w.size, dtype=bool)
+    left = total
+    while True:
+        share[free] = left * w[free] / w[free].sum() if w[free].sum() > 0 else left / free.sum()
+        low, high = free & (share < lower), free & (share > upper)
+        if not low.any() and not high.any():
+            return share
+        share[low], share[high] = lower, upper
+        free &= ~(low | high)
+        left = total - share[~free].sum()
+        if not free.any():
+            return share
+
+
+@dataclass
+class ControllerState:
+    """What the controller carries between adjustments (saved and restored with the job)."""
+
+    allocation: Optional[np.ndarray] = None   # y: continuous batch sizes, sum B
+    rates: Optional[np.ndarray] = None        # smoothed samples/s per worker
+    integral: Optional[np.ndarray] = None     # accumulated relative time error
+    adjustments: int = 0
+
+    def state_dict(self) -> dict:
+        """Plain Python values, for checkpoints and Horovod's elastic state."""
+        as_list = lambda a: None if a is None else [float(x) for x in a]  # noqa: E731
+        return {"allocation": as_list(self.allocation), "rates": as_list(self.rates),
+                "integral": as_list(self.integral), "adjustments": self.adjustments}
+
+    @classmethod
+    def from_state_dict(cls, d: dict) -> "ControllerState":
+        as_array = lambda v: None if v is None else np.asarray(v, dtype=np.float64)  # noqa: E731
+        return cls(as_array(d["allocation"]), as_array(d["rates"]), as_array(d["integral"]),
+                   int(d["adjustments"]))
+
+
+@dataclass
+class BatchController:
+    """Splits the global batch over workers by their measured speed.
+
+    Use `initial_split(n)` for the first split and `update(batch_sizes, times)` every
+    adjustment with the all-gathered values; both return an integer array summing to B.
+    Pure: no communication; the same inputs give the same output on every rank.
+    """
+
+    config: ControllerConfig
+    state: ControllerState = field(default_factory=ControllerState)
+
+    def initial_split(self, world_size: int) -> np.ndarray:
+        """An even split of B over `world_size` workers (the remainder to the lowest ranks)."""
+        self.config.check_world(world_size)
+        self.state = ControllerState()
+        return self._round(np.full(world_size, self.config.global_batch / world_size))
+
+    def update(self, batch_sizes: Sequence[int], times: Sequence[float]) -> np.ndarray:
+        """The next split, given each worker's batch and its measured compute time per step.
+
+        Returns `batch_sizes` unchanged when any time is not a positive finite number, or
+        (rule "pid") when the imbalance is inside the dead-band.
+        """
+        cfg = self.config
+        b = np.asarray(batch_sizes, dtype=np.float64)
+        t = np.asarray(times, dtype=np.float64)
+        if b.shape != t.shape or b.ndim != 1:
+            raise DynBatchError(f"got {b.size} batch sizes but {t.size} times")
+        if not np.all(np.isfinite(t)) or np.any(t <= 0) or np.any(b <= 0):
+            return b.astype(np.int64)
+        cfg.check_world(b.size)
+        rates = b / t
+        if cfg.rule is Rule.P:
+            self.state.adjustments += 1
+            return self._round(cfg.global_batch * rates / rates.sum())
+        return self._round(self._pid_step(b, t, rates))
+
+    def _pid_step(self, b: np.ndarray, t: np.ndarray, rates: np.ndarray) -> np.ndarray:
+        cfg, st = self.config, self.state
+        n, total = b.size, float(cfg.global_batch)
+        if st.allocation is None or st.allocation.size != n or not np.isclose(
+                st.allocation.sum(), total) or np.any(np.abs(st.allocation - b) >= 1):
+            # First call, a new worker set, or a split set from outside: start from what ran.
+            st.allocation, st.rates, st.integral = b.copy(), rates.copy(), np.zeros(n)
+        else:
+            st.rates = cfg.smoothing * rates + (1 - cfg.smoothing) * st.rates
+        st.adjustments += 1
+        if t.max() / t.min() - 1 < cfg.deadband:
+            return st.allocation
+        error = (t.mean() - t) / t.mean()
+        st.integral = np.clip(st.integral + error, -1.0, 1.0)
+        target = total * st.rates / st.rates.sum()
+        proposal = (st.allocation + cfg.gain * (target - st.allocation)
+                    + cfg.integral_gain * st.integral * total / n)
+        limit = np.maximum(cfg.max_change * st.allocation, 1.0)
+        proposal = np.clip(proposal, st.allocation - limit, st.allocation + limit)
+        hi = np.inf if cfg.max_batch is None else float(cfg.max_batch)
+        st.allocation = _water_fill(np.maximum(proposal, 1e-9), total, float(cfg.min_batch), hi)
+        return st.allocation
+
+    def _round(self, allocation: np.ndarray) -> np.ndarray:
+        cfg = self.config
+        return apportion(allocation, cfg.global_batch, cfg.min_batch, cfg.max_batch)

@@ -1,0 +1,138 @@
+"""Datasets by name, as train and test splits that hand out batches by sample index.
+
+* `digits`: the embedded default. The UCI handwritten digits that scikit-learn ships
+  (1,797 8x8 grey images, 10 classes): real data, no download. A fixed seeded split keeps
+  360 images for testing.
+* `synthetic`: random 3x32x32 images labelled by a fixed random linear teacher, so accuracy
+  is meaningful; for throughput runs.
+* `imagefolder`: the ImageNet-subset layout (Imagenette and the like): `DATA_DIR/train/CLASS/*`
+  and `DATA_DIR/val/CLASS/*`, resized and centre-cropped to `image_size`, normalised.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from .errors import DynBatchError
+
+DATASETS = ("digits", "synthetic", "imagefolder")
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp")
+# The usual ImageNet channel statistics.
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+class TensorSplit:
+    """A split held in memory as tensors."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor):
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def fetch(self, indices: Sequence[int]) -> Tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.as_tensor(np.asarray(indices, dtype=np.int64))
+        return self.x[idx], self.y[idx]
+
+
+class ImageFolderSplit:
+    """Image files in one folder per class, decoded on demand with Pillow."""
+
+    def __init__(self, root: Path, image_size: int):
+        classes = sorted(d.name for d in root.iterdir() if d.is_dir())
+        self.files, labels = [], []
+        for label, name in enumerate(classes):
+            for f in sorted((root / name).iterdir()):
+                if f.suffix.lower() in IMAGE_EXTENSIONS:
+                    self.files.append(f)
+                    labels.append(label)
+        if not self.files:
+            raise DynBatchError(f"no images under {root} (expected {root}/CLASS/*.jpg)")
+        self.classes, self.image_size = classes, image_size
+        self.y = torch.as_tensor(labels, dtype=torch.long)
+        self._mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
+        self._std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def _load(self, path: Path) -> torch.Tensor:
+        from PIL import Image
+
+        with Image.open(path) as img:
+            img = img.convert("RGB")
+            scale = self.image_size / min(img.size)
+            img = img.resize((max(self.image_size, round(img.width * scale)),
+                              max(self.image_size, round(img.height * scale))))
+            left = (img.width - self.image_size) // 2
+            top = (img.height - self.image_size) // 2
+            img = img.crop((left, top, left + self.image_size, top + self.image_size))
+            pixels = torch.from_numpy(np.asarray(img, dtype=np.float32) / 255.0)
+        return (pixels.permute(2, 0, 1) - self._mean) / self._std
+
+    def fetch(self, indices: Sequence[int]) -> Tuple[torch.Tensor, torch.Tensor]:
+        x = torch.stack([self._load(self.files[i]) for i in indices]) if len(indices) else \
+            torch.empty(0, 3, self.image_size, self.image_size)
+        return x, self.y[torch.as_tensor(np.asarray(indices, dtype=np.int64))]
+
+
+@dataclass
+class Dataset:
+    """A train and a test split with the shape of one input and the number of classes."""
+
+    train: object
+    test: object
+    input_shape: Tuple[int, int, int]
+    num_classes: int
+
+
+def load_dataset(name: str, data_dir: Optional[str] = None, seed: int = 0,
+                 image_size: int = 64) -> Dataset:
+    """Load dataset `name`; raise `DynBatchError` for an unknown name or a missing folder."""
+    if name == "digits":
+        return _digits()
+    if name == "synthetic":
+        return _synthetic(seed)
+    if name == "imagefolder":
+        return _imagefolder(data_dir, image_size)
+    raise DynBatchError(f"unknown dataset '{name}'; choose one of {', '.join(DATASETS)}")
+
+
+def _digits() -> Dataset:
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = torch.as_tensor(digits.images / 16.0, dtype=torch.float32).unsqueeze(1)
+    y = torch.as_tensor(digits.target, dtype=torch.long)
+    order = torch.as_tensor(np.random.default_rng(12345).permutation(len(y)))
+    test, train = order[:360], order[360:]
+    return Dataset(TensorSplit(x[train], y[train]), TensorSplit(x[test], y[test]), (1, 8, 8), 10)
+
+
+def _synthetic(seed: int, train_size: int = 4096, test_size: int = 1024) -> Dataset:
+    gen = torch.Generator().manual_seed(seed)
+    shape, classes = (3, 32, 32), 10
+    x = torch.randn(train_size + test_size, *shape, generator=gen)
+    teacher = torch.randn(int(np.prod(shape)), classes, generator=gen)
+    y = (x.flatten(1) @ teacher).argmax(1)
+    return Dataset(TensorSplit(x[:train_size], y[:train_size]),
+                   TensorSplit(x[train_size:], y[train_size:]), shape, classes)
+
+
+def _imagefolder(data_dir: Optional[str], image_size: int) -> Dataset:
+    if not data_dir:
+        raise DynBatchError("dataset 'imagefolder' needs --data-dir")
+    root = Path(data_dir)
+    for part in ("train", "val"):
+        if not (root / part).is_dir():
+            raise DynBatchError(f"data directory {root} has no '{part}' folder "
+                                f"(expected {root}/train/CLASS/* and {root}/val/CLASS/*)")
+    train = ImageFolderSplit(root / "train", image_size)
+    test = ImageFolderSplit(root / "val", image_size)
+    if test.classes != train.classes:
+        raise DynBatchError(f"{root}/train and {root}/val have different class folders")
+    return Dataset(train, test, (3, image_size, image_size), len(train.classes))

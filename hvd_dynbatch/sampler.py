@@ -1,0 +1,120 @@
+"""A distributed sampler for batches whose size differs between ranks and changes over time.
+
+Every rank draws the same seeded permutation of the dataset each epoch. A step consumes the
+next B indices of it (B = the sum of all ranks' batch sizes), and rank i takes the contiguous
+slice that starts at b_0 + ... + b_{i-1}. So every sample is used exactly once per epoch
+whatever the split is and however often it changes; the position (epoch, offset) is all the
+state there is, and it can be saved and restored.
+
+The last step of an epoch takes what is left (fewer than B samples), split in proportion to
+the current batch sizes, so a rank can get an empty slice there; `drop_last=True` skips it.
+Pure arithmetic: no communication, no Horovod.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from .controller import apportion
+from .errors import DynBatchError
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What one step consumes: its place in the epoch, every rank's share, and this rank's indices."""
+
+    epoch: int
+    offset: int          # where the step starts in the epoch's permutation
+    sizes: tuple         # every rank's batch size for this step
+    indices: np.ndarray  # this rank's sample indices
+
+    @property
+    def global_size(self) -> int:
+        return int(sum(self.sizes))
+
+
+class VariableBatchSampler:
+    """Yields this rank's indices step by step; set `batch_sizes` to change the split.
+
+    It is a PyTorch batch sampler (iterating gives the index lists of the rest of the current
+    epoch), and `next_step()` gives the full `StepPlan`, including the step's global size,
+    which weighting the gradients needs.
+    """
+
+    def __init__(self, dataset_size: int, rank: int, batch_sizes: Sequence[int], seed: int = 0,
+                 drop_last: bool = False):
+        if dataset_size < 1:
+            raise DynBatchError(f"the dataset is empty (size {dataset_size})")
+        self.dataset_size = int(dataset_size)
+        self.rank = int(rank)
+        self.seed = int(seed)
+        self.drop_last = drop_last
+        self.epoch = 0
+        self.offset = 0
+        self._perm_epoch, self._perm = None, None
+        self.batch_sizes = batch_sizes
+
+    @property
+    def batch_sizes(self) -> tuple:
+        return self._sizes
+
+    @batch_sizes.setter
+    def batch_sizes(self, sizes: Sequence[int]) -> None:
+        sizes = tuple(int(s) for s in sizes)
+        if not 0 <= self.rank < len(sizes):
+            raise DynBatchError(f"rank {self.rank} has no entry in batch sizes {list(sizes)}")
+        if min(sizes) < 0 or sum(sizes) < 1:
+            raise DynBatchError(f"batch sizes must be non-negative with a positive sum, "
+                                f"got {list(sizes)}")
+        self._sizes = sizes
+
+    @property
+    def global_batch(self) -> int:
+        return sum(self._sizes)
+
+    def steps_per_epoch(self) -> int:
+        full, rest = divmod(self.dataset_size, self.global_batch)
+        return full + (1 if rest and not self.drop_last else 0)
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        """The epoch's order of samples, the same on every rank."""
+        if self._perm_epoch != epoch:
+            rng = np.random.default_rng([self.seed, epoch])
+            self._perm, self._perm_epoch = rng.permutation(self.dataset_size), epoch
+        return self._perm
+
+    def next_step(self) -> StepPlan:
+        """The next step's plan; advances the position (rolling over to the next epoch)."""
+        left = self.dataset_size - self.offset
+        if left < self.global_batch and self.drop_last:
+            self.epoch, self.offset, left = self.epoch + 1, 0, self.dataset_size
+        sizes = self._sizes
+        if left < self.global_batch:
+            sizes = tuple(int(s) for s in apportion(sizes, left, lower=0))
+        start = self.offset + sum(sizes[:self.rank])
+        indices = self.permutation(self.epoch)[start:start + sizes[self.rank]]
+        plan = StepPlan(self.epoch, self.offset, sizes, indices)
+        self.offset += sum(sizes)
+        if self.offset >= self.dataset_size:
+            self.epoch, self.offset = self.epoch + 1, 0
+        return plan
+
+    def __iter__(self) -> Iterator[list]:
+        epoch = self.epoch
+        while self.epoch == epoch:
+            yield self.next_step().indices.tolist()
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch()
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "offset": self.offset, "seed": self.seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        if not 0 <= int(state["offset"]) < self.dataset_size:
+            raise DynBatchError(f"sampler offset {state['offset']} is outside a dataset of "
+                                f"{self.dataset_size} samples")
+        self.epoch, self.offset, self.seed = int(state["epoch"]), int(state["offset"]), int(state["seed"])
+        self._perm_epoch = None
