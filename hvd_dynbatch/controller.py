@@ -12,17 +12,19 @@ r_i = b_i / t_i, and all workers finish together when b_i is proportional to r_i
 
 The refined rule ("pid", the default) treats the proportional target as the set-point of a
 controller acting on a continuous allocation y (floats summing to B; the integer split is y
-rounded), using ideas from PID control as the paper suggests:
+rounded), with ideas from PID control:
 
-* damping: y moves only a fraction `gain` of the way to the target each adjustment, and the
-  throughput estimate is an exponential average (weight `smoothing` on the newest reading), so
-  timing noise is not chased and the split does not oscillate;
-* integral: each worker's relative time error e_i = (mean(t) - t_i) / mean(t) is accumulated
-  (clamped against wind-up) and adds `integral_gain * I_i * B / n` samples, which removes the
-  steady imbalance that a fixed per-step overhead leaves under damping;
-* dead-band: nothing changes while max(t) / min(t) - 1 is below `deadband`;
-* a step limit: one adjustment moves a worker's batch by at most `max_change` of its current
-  size (and at least one sample), so one bad reading cannot wreck the split;
+* gain scheduling and damping: while the imbalance max(t)/min(t) - 1 is above
+  `fast_threshold` (a real change of speed, not noise) y jumps to the target as in "p";
+  below it y moves only a fraction `gain` of the way, so timing noise is filtered rather than
+  chased and the split does not oscillate;
+* integral: below `fast_threshold`, each worker's error (target - y, in samples) is
+  accumulated while it keeps its sign and reset when the sign flips or a fast step is taken
+  (anti-windup), and `integral_gain` times it is added, so an error that persists under
+  damping is removed in a few adjustments while noise, whose sign flips, does not build up;
+* dead-band: nothing changes while the imbalance is below `deadband`;
+* a step limit: one adjustment moves a worker's batch by at most `max_change * B` samples, so
+  one bad reading cannot wreck the split;
 * bounds: every worker's batch stays within [min_batch, max_batch] (a memory cap), and the
   global batch B is conserved exactly by largest-remainder rounding.
 
@@ -52,22 +54,22 @@ class ControllerConfig:
 
     global_batch: B, the sum of all workers' batches, conserved exactly.
     min_batch, max_batch: bounds on one worker's batch (max_batch None: only B bounds it).
-    rule: "p" (plain proportional) or "pid" (damped, with integral, dead-band and step limit).
-    gain: fraction of the way to the proportional target moved per adjustment ("pid").
-    smoothing: weight of the newest throughput reading in its running average ("pid").
-    integral_gain: weight of the accumulated time error ("pid").
-    deadband: relative imbalance max(t)/min(t) - 1 below which nothing changes ("pid").
-    max_change: largest relative change of one worker's batch per adjustment ("pid").
+    rule: "p" (plain proportional) or "pid" (see the module docstring).
+    gain: fraction of the way to the target moved per adjustment below fast_threshold ("pid").
+    integral_gain: weight of the accumulated same-sign error ("pid").
+    deadband: imbalance max(t)/min(t) - 1 below which nothing changes ("pid").
+    fast_threshold: imbalance above which the full proportional step is taken ("pid").
+    max_change: largest change of one worker's batch per adjustment, as a fraction of B ("pid").
     """
 
     global_batch: int
     min_batch: int = 1
     max_batch: Optional[int] = None
     rule: Rule = Rule.PID
-    gain: float = 0.8
-    smoothing: float = 0.7
-    integral_gain: float = 0.2
-    deadband: float = 0.03
+    gain: float = 0.5
+    integral_gain: float = 0.1
+    deadband: float = 0.05
+    fast_threshold: float = 0.5
     max_change: float = 0.5
 
     def __post_init__(self):
@@ -79,15 +81,13 @@ class ControllerConfig:
         if self.max_batch is not None and self.max_batch < self.min_batch:
             raise DynBatchError(
                 f"the maximum batch ({self.max_batch}) is below the minimum ({self.min_batch})")
-        for name in ("gain", "smoothing"):
+        for name in ("gain", "max_change"):
             value = getattr(self, name)
             if not 0 < value <= 1:
                 raise DynBatchError(f"{name} must be in (0, 1], got {value}")
-        for name in ("integral_gain", "deadband"):
+        for name in ("integral_gain", "deadband", "fast_threshold"):
             if getattr(self, name) < 0:
                 raise DynBatchError(f"{name} must not be negative, got {getattr(self, name)}")
-        if self.max_change <= 0:
-            raise DynBatchError(f"max_change must be positive, got {self.max_change}")
 
     def check_world(self, world_size: int) -> None:
         """Raise `DynBatchError` unless `world_size` workers can share the global batch."""
@@ -133,20 +133,27 @@ def apportion(weights: Sequence[float], total: int, lower: int = 0,
 
 
 def _water_fill(w: np.ndarray, total: float, lower: float, upper: float) -> np.ndarray:
-    """Real shares proportional to w, summing to total, clipped to [lower, upper]."""
+    """Real shares proportional to w, summing to total, each within [lower, upper].
+
+    Each round pins the side that violates its bound more (all shares above `upper`, or all
+    below `lower`) and shares what is left over the rest; pinning both sides at once would
+    hand out too little or too much.
+    """
     share = np.empty_like(w)
     free = np.ones(w.size, dtype=bool)
     left = total
-    while True:
-        share[free] = left * w[free] / w[free].sum() if w[free].sum() > 0 else left / free.sum()
-        low, high = free & (share < lower), free & (share > upper)
-        if not low.any() and not high.any():
-            return share
-        share[low], share[high] = lower, upper
-        free &= ~(low | high)
+    while free.any():
+        weight = w[free].sum()
+        share[free] = left * w[free] / weight if weight > 0 else left / free.sum()
+        over, under = free & (share > upper), free & (share < lower)
+        excess, deficit = (share[over] - upper).sum(), (lower - share[under]).sum()
+        if excess <= 1e-12 and deficit <= 1e-12:
+            break
+        pin, bound = (over, upper) if excess >= deficit else (under, lower)
+        share[pin] = bound
+        free &= ~pin
         left = total - share[~free].sum()
-        if not free.any():
-            return share
+    return share
 
 
 @dataclass
@@ -154,21 +161,19 @@ class ControllerState:
     """What the controller carries between adjustments (saved and restored with the job)."""
 
     allocation: Optional[np.ndarray] = None   # y: continuous batch sizes, sum B
-    rates: Optional[np.ndarray] = None        # smoothed samples/s per worker
-    integral: Optional[np.ndarray] = None     # accumulated relative time error
+    integral: Optional[np.ndarray] = None     # accumulated same-sign error, samples
     adjustments: int = 0
 
     def state_dict(self) -> dict:
         """Plain Python values, for checkpoints and Horovod's elastic state."""
         as_list = lambda a: None if a is None else [float(x) for x in a]  # noqa: E731
-        return {"allocation": as_list(self.allocation), "rates": as_list(self.rates),
-                "integral": as_list(self.integral), "adjustments": self.adjustments}
+        return {"allocation": as_list(self.allocation), "integral": as_list(self.integral),
+                "adjustments": self.adjustments}
 
     @classmethod
     def from_state_dict(cls, d: dict) -> "ControllerState":
         as_array = lambda v: None if v is None else np.asarray(v, dtype=np.float64)  # noqa: E731
-        return cls(as_array(d["allocation"]), as_array(d["rates"]), as_array(d["integral"]),
-                   int(d["adjustments"]))
+        return cls(as_array(d["allocation"]), as_array(d["integral"]), int(d["adjustments"]))
 
 
 @dataclass
@@ -212,22 +217,27 @@ class BatchController:
     def _pid_step(self, b: np.ndarray, t: np.ndarray, rates: np.ndarray) -> np.ndarray:
         cfg, st = self.config, self.state
         n, total = b.size, float(cfg.global_batch)
-        if st.allocation is None or st.allocation.size != n or not np.isclose(
-                st.allocation.sum(), total) or np.any(np.abs(st.allocation - b) >= 1):
+        if (st.allocation is None or st.allocation.size != n
+                or not np.isclose(st.allocation.sum(), total)
+                or np.any(np.abs(st.allocation - b) >= 1)):
             # First call, a new worker set, or a split set from outside: start from what ran.
-            st.allocation, st.rates, st.integral = b.copy(), rates.copy(), np.zeros(n)
-        else:
-            st.rates = cfg.smoothing * rates + (1 - cfg.smoothing) * st.rates
+            st.allocation, st.integral = b.copy(), np.zeros(n)
         st.adjustments += 1
-        if t.max() / t.min() - 1 < cfg.deadband:
+        spread = t.max() / t.min() - 1
+        if spread < cfg.deadband:
+            st.integral = np.zeros(n)
             return st.allocation
-        error = (t.mean() - t) / t.mean()
-        st.integral = np.clip(st.integral + error, -1.0, 1.0)
-        target = total * st.rates / st.rates.sum()
-        proposal = (st.allocation + cfg.gain * (target - st.allocation)
-                    + cfg.integral_gain * st.integral * total / n)
-        limit = np.maximum(cfg.max_change * st.allocation, 1.0)
-        proposal = np.clip(proposal, st.allocation - limit, st.allocation + limit)
+        error = total * rates / rates.sum() - st.allocation
+        if spread > cfg.fast_threshold:
+            # A real change: take the whole proportional step and integrate nothing.
+            st.integral = np.zeros(n)
+            move = error
+        else:
+            same_sign = np.sign(error) == np.sign(st.integral)
+            st.integral = np.where(same_sign, st.integral + error, error)
+            move = cfg.gain * error + cfg.integral_gain * st.integral
+        limit = max(cfg.max_change * total, 1.0)
+        proposal = st.allocation + np.clip(move, -limit, limit)
         hi = np.inf if cfg.max_batch is None else float(cfg.max_batch)
         st.allocation = _water_fill(np.maximum(proposal, 1e-9), total, float(cfg.min_batch), hi)
         return st.allocation

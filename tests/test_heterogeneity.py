@@ -1,0 +1,60 @@
+"""Slowdown specs, the step timer, and the gradient weight."""
+import math
+import time
+
+import pytest
+
+from hvd_dynbatch.errors import DynBatchError
+from hvd_dynbatch.heterogeneity import Slowdown, emulate
+from hvd_dynbatch.timing import StepTimer
+from hvd_dynbatch.weighting import batch_weight
+
+
+def test_plain_factors_apply_from_step_zero():
+    s = Slowdown.parse("1,1,2,4")
+    assert s.world_size == 4
+    assert [s.factor(1000, r) for r in range(4)] == [1, 1, 2, 4]
+
+
+def test_schedule_changes_factors_at_its_steps():
+    s = Slowdown.parse("0:1,4; 50:4,1 ;80:1,1")
+    assert (s.factor(49, 1), s.factor(50, 1), s.factor(79, 0), s.factor(80, 0)) == (4, 1, 4, 1)
+
+
+@pytest.mark.parametrize("spec", ["", "1,x", "0.5,1", "10:1,2", "0:1,2;0:1,3", "0:1,2;5:1",
+                                  "1,nan", "1,inf"])
+def test_bad_specs_are_rejected_with_the_spec_named(spec):
+    with pytest.raises(DynBatchError):
+        Slowdown.parse(spec)
+
+
+def test_world_size_mismatch_is_named():
+    with pytest.raises(DynBatchError, match="lists 2 factors but the job has 3 ranks"):
+        Slowdown.parse("1,2").check_world(3)
+
+
+def test_emulation_sleeps_the_missing_time():
+    s = Slowdown.parse("1,3")
+    start = time.perf_counter()
+    emulate(s, 0, 1, 0.05)
+    assert time.perf_counter() - start >= 0.099
+    start = time.perf_counter()
+    emulate(s, 0, 0, 0.05)
+    assert time.perf_counter() - start < 0.05
+
+
+def test_timer_takes_the_median_of_its_window():
+    t = StepTimer(window=3)
+    assert math.isnan(t.smoothed)
+    for v in (1.0, 100.0, 2.0, 3.0):
+        t.record(v)
+    assert t.smoothed == 3.0
+    t.reset()
+    assert math.isnan(t.smoothed)
+
+
+def test_batch_weight_is_the_share_of_the_step():
+    assert batch_weight(8, 32) == 0.25
+    assert batch_weight(0, 5) == 0.0
+    with pytest.raises(DynBatchError):
+        batch_weight(33, 32)

@@ -1,0 +1,86 @@
+"""The variable-batch sampler: exactly-once coverage, contiguous slices, saved position."""
+import numpy as np
+import pytest
+
+from hvd_dynbatch.errors import DynBatchError
+from hvd_dynbatch.sampler import VariableBatchSampler
+
+
+def samplers(n, sizes, seed=0, **kw):
+    return [VariableBatchSampler(n, r, sizes, seed, **kw) for r in range(len(sizes))]
+
+
+def test_every_sample_once_per_epoch_while_the_split_changes():
+    ranks = samplers(1000, [10, 20, 34], seed=5)
+    rng = np.random.default_rng(0)
+    seen = {0: [], 1: []}
+    while ranks[0].epoch < 2:
+        epoch = ranks[0].epoch
+        plans = [s.next_step() for s in ranks]
+        assert len({(p.epoch, p.offset, p.sizes) for p in plans}) == 1
+        seen[epoch].extend(i for p in plans for i in p.indices)
+        if rng.random() < 0.3:
+            new = rng.multinomial(61, [0.2, 0.3, 0.5]) + 1
+            for s in ranks:
+                s.batch_sizes = new
+    for epoch in (0, 1):
+        assert sorted(seen[epoch]) == list(range(1000))
+    assert seen[0] != seen[1], "each epoch has its own order"
+
+
+def test_rank_slices_are_contiguous_in_the_shared_permutation():
+    ranks = samplers(100, [3, 5, 2], seed=1)
+    perm = ranks[0].permutation(0)
+    plans = [s.next_step() for s in ranks]
+    assert plans[0].indices.tolist() == perm[0:3].tolist()
+    assert plans[1].indices.tolist() == perm[3:8].tolist()
+    assert plans[2].indices.tolist() == perm[8:10].tolist()
+    assert [s.offset for s in ranks] == [10, 10, 10]
+
+
+def test_last_partial_step_is_split_in_proportion():
+    ranks = samplers(25, [2, 8])
+    plans = [[s.next_step() for s in ranks] for _ in range(3)]
+    last = plans[-1]
+    assert last[0].sizes == (1, 4) and last[0].global_size == 5
+    assert ranks[0].epoch == 1 and ranks[0].offset == 0
+
+
+def test_drop_last_skips_the_partial_step():
+    s = VariableBatchSampler(25, 0, [2, 8], drop_last=True)
+    assert len(s) == 2
+    assert [s.next_step().epoch for _ in range(3)] == [0, 0, 1]
+
+
+def test_position_restores_to_the_same_stream():
+    a = VariableBatchSampler(500, 1, [7, 9], seed=3)
+    for _ in range(40):
+        a.next_step()
+    state = a.state_dict()
+    b = VariableBatchSampler(500, 1, [7, 9], seed=0)
+    b.load_state_dict(state)
+    for _ in range(30):
+        assert a.next_step().indices.tolist() == b.next_step().indices.tolist()
+
+
+def test_it_is_a_pytorch_batch_sampler():
+    import torch
+
+    data = torch.utils.data.TensorDataset(torch.arange(50))
+    sampler = VariableBatchSampler(50, 1, [4, 6], seed=2)
+    loader = torch.utils.data.DataLoader(data, batch_sampler=sampler)
+    batches = [b[0].tolist() for b in loader]
+    assert len(batches) == len(sampler) == 5
+    assert all(len(b) == 6 for b in batches)
+    assert len(set(sum(batches, []))) == 30
+
+
+@pytest.mark.parametrize("sizes", [[4, -1], [0, 0]])
+def test_bad_sizes_are_rejected(sizes):
+    with pytest.raises(DynBatchError):
+        VariableBatchSampler(10, 0, sizes)
+
+
+def test_rank_outside_the_split_is_rejected():
+    with pytest.raises(DynBatchError, match="rank 2"):
+        VariableBatchSampler(10, 2, [4, 4])
