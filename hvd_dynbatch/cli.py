@@ -103,3 +103,17 @@ def _summary_line(s: dict) -> str:
     return (f"{s['batching']} batching on {s['world_size']} ranks: {s['steps']} steps, "
             f"{s['samples_per_sec']:.0f} samples/s, loss {s['final_loss']:.4f}, "
             f"accuracy {acc}{ttt}, final split {s['final_split']}")
+
+
+@main.command()
+@click.option("--np", "np_", default=2, show_default=True, help="Ranks to start on this machine.")
+@click.option("--slowdown", default="1,4", show_default=True,
+              help="Emulated slowdown factor of each rank.")
+@click.option("--target-accuracy", default=0.9, show_default=True)
+def demo(np_, slowdown, target_accuracy):
+    """Static versus dynamic batching on this machine, with emulated heterogeneity."""
+    from .demo import run_demo
+    from .heterogeneity import Slowdown
+
+    Slowdown.parse(slowdown).check_world(np_)
+    run_demo(np_, slowdown, target_accuracy, echo=click.echo)

@@ -1,0 +1,46 @@
+"""Run `hvd-dynbatch train` as a job on this machine and collect what it measured.
+
+The demo and the benchmark scripts are built from this: a job is a list of `train` options,
+started as N local ranks, whose metrics file is read back when it ends.
+"""
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+from typing import Optional, Sequence
+
+from .errors import DynBatchError
+from .launch import Launcher, run_local
+from .metrics import read_metrics
+
+
+def run_training_job(np: int, options: Sequence[str], *, launcher: Launcher = Launcher.GLOO,
+                     timeout: float = 600, workdir: Optional[str] = None) -> list:
+    """Run `hvd-dynbatch train OPTIONS` on `np` local ranks; return its metrics records.
+
+    The last record is the run's summary. Raises `DynBatchError` with the job's last output
+    lines if it fails or runs out of time.
+    """
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        metrics = str(Path(tmp) / "metrics.jsonl")
+        argv = [sys.executable, "-m", "hvd_dynbatch", "train", *options,
+                "--metrics", metrics, "--no-progress"]
+        job = run_local(launcher, np, argv, timeout=timeout)
+        if job.timed_out or job.returncode != 0:
+            tail = "\n".join((job.stdout + job.stderr).splitlines()[-15:])
+            reason = "ran out of time" if job.timed_out else f"failed (exit {job.returncode})"
+            raise DynBatchError(f"training job {' '.join(options)} {reason}:\n{tail}")
+        return read_metrics(metrics)
+
+
+def summary_of(records: list) -> dict:
+    """The summary record of a run's metrics."""
+    if not records or records[-1].get("type") != "summary":
+        raise DynBatchError("the run's metrics end without a summary record")
+    return records[-1]
+
+
+def step_records(records: list) -> list:
+    """The per-step records of a run's metrics."""
+    return [r for r in records if "batch_sizes" in r]
