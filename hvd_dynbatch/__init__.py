@@ -1,3 +1,34 @@
-"""hvd-dynbatch: data-parallel training with Horovod on workers that are not alike."""
+"""hvd-dynbatch: data-parallel training with Horovod on workers that are not alike.
+
+The pure pieces (controller, sampler, timer, slowdown) import only numpy and the standard
+library. The pieces bound to Horovod (`DistributedOptimizer`, `for_horovod`, `train`) import
+it when they are first used, so importing this package starts nothing.
+"""
+from .controller import BatchController, ControllerConfig, Rule, apportion
+from .errors import DynBatchError
+from .heterogeneity import Slowdown
+from .sampler import StepPlan, VariableBatchSampler
+from .timing import StepTimer
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "DistributedOptimizer": "weighting",
+    "batch_weight": "weighting",
+    "for_horovod": "comm",
+    "Communicator": "comm",
+    "LocalCommunicator": "comm",
+    "TrainConfig": "training",
+    "train": "training",
+}
+
+__all__ = ["BatchController", "ControllerConfig", "Rule", "apportion", "DynBatchError",
+           "Slowdown", "StepPlan", "VariableBatchSampler", "StepTimer", *_LAZY]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,7 +12,7 @@ import click
 
 from .controller import Rule
 from .errors import DynBatchError
-from .train import Batching
+from .training import Batching
 
 
 class _Group(click.Group):
@@ -84,17 +84,13 @@ def _int_list(ctx, param, value):
               help="Progress bar on rank 0 (only on a terminal).")
 def train(**options):
     """Train on this rank of a Horovod job (run under horovodrun, mpirun or srun)."""
-    from .train import TrainConfig, train as run_training
+    from .training import TrainConfig, train as run_training
 
-    summary = run_training(TrainConfig(**options))
-    if summary["world_size"] and _is_rank0():
-        click.echo(_summary_line(summary))
-
-
-def _is_rank0() -> bool:
     import horovod.torch as hvd
 
-    return hvd.rank() == 0
+    summary = run_training(TrainConfig(**options))
+    if hvd.rank() == 0:
+        click.echo(_summary_line(summary))
 
 
 def _summary_line(s: dict) -> str:

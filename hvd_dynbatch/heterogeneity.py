@@ -1,9 +1,14 @@
 """Emulated heterogeneity on one machine: rank i's compute takes s_i times as long.
 
-After each forward/backward a rank with factor s sleeps (s - 1) times the compute it just
-measured, so its step costs what it would on hardware s times slower. A schedule changes the
-factors at given steps, to emulate transient interference. On a real cluster nothing is
-emulated.
+A rank with factor s sleeps (s - 1) times its compute in each step, so the step costs what it
+would on hardware s times slower. A schedule changes the factors at given steps, to emulate
+transient interference. On a real cluster nothing is emulated.
+
+The sleep comes between forward and backward, not after backward: Horovod's hooks send each
+gradient as soon as backward produces it, so after backward the other ranks could already
+go on while this rank slept, and the emulated worker would be faster than the one it stands
+for. The backward pass has not run at that point, so its length is estimated from the
+previous step's backward-to-forward ratio.
 
 Spec syntax: "1,1,2,4" (from step 0 on), or "0:1,4;50:4,1;80:1,1" (factors from each step on).
 """
@@ -62,9 +67,23 @@ class Slowdown:
         return self.factors[bisect.bisect_right(self.starts, step) - 1][rank]
 
 
-def emulate(slowdown: Optional[Slowdown], step: int, rank: int, compute_seconds: float) -> None:
-    """Sleep for the rest of what `compute_seconds` of work takes on a rank s times slower."""
-    if slowdown is not None:
-        extra = (slowdown.factor(step, rank) - 1.0) * compute_seconds
+class Emulator:
+    """Sleeps inside each step of one rank as its slowdown factor says."""
+
+    def __init__(self, slowdown: Optional[Slowdown], rank: int):
+        self.slowdown, self.rank = slowdown, rank
+        self._backward_ratio = 2.0  # backward takes about twice the forward pass
+
+    def after_forward(self, step: int, forward_seconds: float) -> None:
+        """Sleep (s - 1) times this step's expected compute (forward plus backward)."""
+        if self.slowdown is None:
+            return
+        expected = forward_seconds * (1.0 + self._backward_ratio)
+        extra = (self.slowdown.factor(step, self.rank) - 1.0) * expected
         if extra > 0:
             time.sleep(extra)
+
+    def after_backward(self, forward_seconds: float, backward_seconds: float) -> None:
+        """Learn the backward-to-forward ratio for the next step's estimate."""
+        if forward_seconds > 0:
+            self._backward_ratio = backward_seconds / forward_seconds

@@ -1,16 +1,13 @@
 """Test helper: run a command as N local ranks under a launcher and collect what each rank said.
 
-Ranks report by printing JSON objects, one per line; the launchers prefix lines differently
-("[0]<stdout>:" under Gloo, "[1,0]<stdout>:" under horovodrun --mpi, nothing under mpirun),
-so the helper takes the JSON from wherever it starts on the line.
+Ranks report by printing JSON objects, one per line (see `hvd_dynbatch.launch.json_records`).
 """
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass, field
 
-from hvd_dynbatch.launch import JobResult, Launcher, run_local
+from hvd_dynbatch.launch import JobResult, Launcher, json_records, run_local
 
 PYTHON = sys.executable
 CLI = [PYTHON, "-m", "hvd_dynbatch"]
@@ -37,23 +34,7 @@ class Ranks:
                 f"--- stdout\n{self.job.stdout[-4000:]}\n--- stderr\n{self.job.stderr[-4000:]}")
 
 
-def parse_records(text: str) -> list:
-    """Every JSON object that ends a line of `text`."""
-    records = []
-    for line in text.splitlines():
-        start = line.find("{")
-        if start < 0:
-            continue
-        try:
-            value = json.loads(line[start:])
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            records.append(value)
-    return records
-
-
 def run_ranks(launcher: Launcher, np: int, argv, timeout: float = 120, **kwargs) -> Ranks:
     """Run `argv` as `np` local ranks under `launcher`, bounded by `timeout` seconds."""
     job = run_local(launcher, np, list(argv), timeout=timeout, **kwargs)
-    return Ranks(job, parse_records(job.stdout))
+    return Ranks(job, json_records(job.stdout))

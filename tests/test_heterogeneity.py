@@ -5,7 +5,7 @@ import time
 import pytest
 
 from hvd_dynbatch.errors import DynBatchError
-from hvd_dynbatch.heterogeneity import Slowdown, emulate
+from hvd_dynbatch.heterogeneity import Emulator, Slowdown
 from hvd_dynbatch.timing import StepTimer
 from hvd_dynbatch.weighting import batch_weight
 
@@ -33,13 +33,14 @@ def test_world_size_mismatch_is_named():
         Slowdown.parse("1,2").check_world(3)
 
 
-def test_emulation_sleeps_the_missing_time():
-    s = Slowdown.parse("1,3")
+def test_emulation_sleeps_the_missing_time_of_forward_and_backward():
+    slow, fast = (Emulator(Slowdown.parse("1,3"), rank) for rank in (1, 0))
+    slow.after_backward(0.01, 0.03)          # backward took 3x the forward pass
     start = time.perf_counter()
-    emulate(s, 0, 1, 0.05)
-    assert time.perf_counter() - start >= 0.099
+    slow.after_forward(0, 0.01)              # expected compute 0.04 s, 2 x 0.04 s to sleep
+    assert time.perf_counter() - start >= 0.079
     start = time.perf_counter()
-    emulate(s, 0, 0, 0.05)
+    fast.after_forward(0, 0.05)
     assert time.perf_counter() - start < 0.05
 
 

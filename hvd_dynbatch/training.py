@@ -5,9 +5,10 @@ can call it too, or use the pieces it is made of (the sampler, the weighted opti
 timer, the controller, the communicator) the same way.
 
 One step on rank i: take the next step's slice from the sampler, forward and backward on it
-with the gradient weighted by b_i / B, sleep if heterogeneity is emulated, then the optimizer
-step (where Horovod's allreduce completes). The compute time (data to the end of backward,
-plus any emulated slowdown) goes to the timer; the wait for other ranks does not.
+with the gradient weighted by b_i / B (with a sleep between the two if heterogeneity is
+emulated), then the optimizer step (where Horovod's allreduce completes). The compute time
+(data to the end of backward, emulated slowdown included) goes to the timer; the wait for
+other ranks does not.
 
 Every `adjust_every` steps the ranks exchange, in one all-gather, each step's (batch size,
 compute time, loss) and their smoothed compute time; with dynamic batching the controller then
@@ -30,7 +31,7 @@ from .comm import Communicator
 from .controller import BatchController, ControllerConfig, Rule
 from .data import load_dataset
 from .errors import DynBatchError
-from .heterogeneity import Slowdown, emulate
+from .heterogeneity import Emulator, Slowdown
 from .metrics import MetricsWriter
 from .models import build_model
 from .sampler import VariableBatchSampler
@@ -149,9 +150,10 @@ class Trainer:
 
         self.cfg, self.comm = config, comm
         self.rank, self.size = comm.rank, comm.size
-        self.slowdown = Slowdown.parse(config.slowdown) if config.slowdown else None
-        if self.slowdown is not None:
-            self.slowdown.check_world(self.size)
+        slowdown = Slowdown.parse(config.slowdown) if config.slowdown else None
+        if slowdown is not None:
+            slowdown.check_world(self.size)
+        self.emulator = Emulator(slowdown, self.rank)
         self.controller = BatchController(config.controller_config())
         split = config.first_split(self.size, self.controller)
         self.data = load_dataset(config.dataset, config.data_dir, config.seed, config.image_size)
@@ -169,6 +171,7 @@ class Trainer:
 
         self.step = 0
         self.train_seconds = 0.0      # the training clock; evaluation does not count
+        self.exchange_seconds = 0.0   # of which: timing exchange and controller
         self.samples = 0
         self.pending = []             # this rank's (batch, compute, loss) since the last exchange
         self.pending_info = []        # rank 0's own per-step facts for the same steps
@@ -238,8 +241,11 @@ class Trainer:
             # An empty slice (the end of an epoch) still joins the allreduce, with zeros.
             loss = sum((p * 0).sum() for p in self.model.parameters())
             loss_value = 0.0
+        forward = time.perf_counter() - started
+        self.emulator.after_forward(self.step, forward)
+        backward_started = time.perf_counter()
         loss.backward()
-        emulate(self.slowdown, self.step, self.rank, time.perf_counter() - started)
+        self.emulator.after_backward(forward, time.perf_counter() - backward_started)
         compute = time.perf_counter() - started
         if plan.sizes == self.sampler.batch_sizes:
             self.timer.record(compute)
@@ -279,7 +285,9 @@ class Trainer:
                 self.sampler.batch_sizes = split
                 self.timer.reset()
         # The exchange and the controller are overhead of the training clock too.
-        self.train_seconds += time.perf_counter() - started
+        elapsed = time.perf_counter() - started
+        self.train_seconds += elapsed
+        self.exchange_seconds += elapsed
 
     def _evaluate(self) -> None:
         """Test accuracy and loss over the whole test set, each rank taking a share.
@@ -320,6 +328,7 @@ class Trainer:
             "samples": self.samples,
             "train_seconds": self.train_seconds,
             "samples_per_sec": self.samples / self.train_seconds if self.train_seconds else 0.0,
+            "exchange_seconds": self.exchange_seconds,
             "final_loss": self.last_loss,
             "final_accuracy": self.accuracy,
             "target_accuracy": cfg.target_accuracy,

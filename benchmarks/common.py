@@ -1,0 +1,33 @@
+"""Shared by the benchmark scripts: steady-state figures from a run's metrics, machine facts."""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+
+from hvd_dynbatch.jobs import step_records
+
+
+def steady_throughput(records: list, skip_fraction: float = 0.25) -> float:
+    """Samples per second of a typical step after the first `skip_fraction` of the run.
+
+    The first steps hold start-up costs and, under dynamic batching, the even split the
+    controller starts from. The median step time is used because this shared machine stalls
+    a process now and then, and one stall would dominate a mean over a few dozen steps.
+    """
+    steps = step_records(records)
+    kept = steps[int(len(steps) * skip_fraction):]
+    batch = statistics.median(r["global_batch"] for r in kept)
+    return batch / statistics.median(r["step_time"] for r in kept)
+
+
+def median_compute(records: list, rank: int, skip_fraction: float = 0.25) -> float:
+    steps = step_records(records)
+    return statistics.median(r["compute_times"][rank]
+                             for r in steps[int(len(steps) * skip_fraction):])
+
+
+def machine() -> str:
+    """One line that says what the figures were measured on."""
+    return (f"{platform.node()}: {os.cpu_count()} cores, {platform.machine()}, "
+            f"Python {platform.python_version()}, {platform.platform(terse=True)}")

@@ -1,0 +1,63 @@
+"""Baseline for the overhead benchmark: the same training with plain Horovod, equal batches.
+
+Run under a launcher (horovodrun -np 2 ... python benchmarks/plain_horovod.py ...). Each rank
+takes an equal slice of the same shuffled order, `hvd.DistributedOptimizer` averages the
+gradients, and nothing is timed per rank or exchanged. Rank 0 prints one JSON line with the
+median step time and the throughput derived from it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from hvd_dynbatch.data import load_dataset
+from hvd_dynbatch.models import build_model
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="cnn")
+    parser.add_argument("--dataset", default="synthetic")
+    parser.add_argument("--global-batch", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--lr", type=float, default=0.05)
+    args = parser.parse_args()
+
+    import horovod.torch as hvd
+
+    hvd.init()
+    torch.set_num_threads(1)
+    data = load_dataset(args.dataset, seed=0)
+    torch.manual_seed(0)
+    model = build_model(args.model, data.input_shape, data.num_classes)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
+        named_parameters=model.named_parameters())
+    local = args.global_batch // hvd.size()
+    order = np.random.default_rng(0).permutation(len(data.train))
+    times = []
+    for step in range(args.steps):
+        start = (step * args.global_batch) % (len(order) - args.global_batch + 1)
+        mine = order[start + hvd.rank() * local:start + (hvd.rank() + 1) * local]
+        began = time.perf_counter()
+        x, y = data.train.fetch(mine)
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        times.append(time.perf_counter() - began)
+    if hvd.rank() == 0:
+        kept = times[len(times) // 4:]
+        median = statistics.median(kept)
+        print(json.dumps({"median_step_time": median,
+                          "samples_per_sec": local * hvd.size() / median}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""Static versus dynamic batching throughput on 2 emulated-heterogeneous ranks.
+
+For each slowdown pair, three kinds of run with the same model, data and global batch:
+each worker alone (1 rank, its slowdown, batch B/2) for its standalone rate r_i; both workers
+with static batching; both with dynamic batching. It prints each speedup next to the ideal
+sum(r_i) / (n * min r_i), the most any split can give over equal batches.
+
+    python benchmarks/speedup.py [--slowdowns 1,4 1,8] [--steps 40]
+"""
+from __future__ import annotations
+
+import argparse
+
+from common import machine, steady_throughput
+
+from hvd_dynbatch.jobs import run_training_job
+from hvd_dynbatch.report import markdown_table
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--slowdowns", nargs="+", default=["1,4", "1,8"])
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--global-batch", type=int, default=256)
+    parser.add_argument("--model", default="cnn")
+    parser.add_argument("--dataset", default="synthetic")
+    args = parser.parse_args()
+    base = ["--model", args.model, "--dataset", args.dataset, "--epochs", "1000",
+            "--max-steps", str(args.steps), "--eval-every", "100000", "--adjust-every", "3"]
+    rates = {}
+
+    def standalone(factor: str, batch: int) -> float:
+        """One worker alone: its rate with slowdown `factor` at batch `batch` (cached)."""
+        if (factor, batch) not in rates:
+            rates[factor, batch] = steady_throughput(run_training_job(
+                1, [*base, "--global-batch", str(batch), "--slowdown", factor]))
+        return rates[factor, batch]
+
+    rows = []
+    for spec in args.slowdowns:
+        factors = spec.split(",")
+        n = len(factors)
+        even = [standalone(f, args.global_batch // n) for f in factors]
+        ideal = sum(even) / (n * min(even))
+        measured = {}
+        for batching in ("static", "dynamic"):
+            records = run_training_job(n, [
+                *base, "--global-batch", str(args.global_batch), "--slowdown", spec,
+                "--batching", batching])
+            measured[batching] = steady_throughput(records)
+        split = records[-1]["final_split"]
+        limit = sum(standalone(f, b) for f, b in zip(factors, split))
+        speedup = measured["dynamic"] / measured["static"]
+        rows.append([spec, [round(r) for r in even], measured["static"], measured["dynamic"],
+                     f"{speedup:.2f}x", f"{ideal:.2f}x", f"{speedup / ideal:.0%}", split,
+                     round(limit), f"{measured['dynamic'] / limit:.0%}"])
+        print(f"slowdown {spec}: speedup {speedup:.2f}x, ideal {ideal:.2f}x", flush=True)
+    print()
+    print(f"Static vs dynamic batching: {args.model} on {args.dataset}, global batch "
+          f"{args.global_batch}, {args.steps} steps, 2 ranks x 1 thread. Throughput from the "
+          f"median step time of the last 75% of steps. Ideal = sum(r_i) / (n min r_i) with "
+          f"r_i each worker's standalone rate at batch B/n; limit = the sum of standalone "
+          f"rates at the final split's batches, and efficiency = dynamic / limit.")
+    print(f"Machine: {machine()}")
+    print()
+    print(markdown_table(["slowdown", "standalone r_i at B/n", "static (samples/s)",
+                          "dynamic (samples/s)", "speedup", "ideal", "of ideal",
+                          "final split", "limit at final split", "efficiency"], rows))
+
+
+if __name__ == "__main__":
+    main()
