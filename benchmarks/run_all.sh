@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run every benchmark on this machine and write benchmarks/RESULTS.md from what they print.
+# Run every benchmark on this machine and write benchmarks/RESULTS.md from what they print
+# (each prints its report on stdout and its progress on stderr).
 # About 10 minutes on 2 cores. Run nothing else meanwhile: the figures are timings.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -21,7 +22,7 @@ for bench in speedup settling overhead time_to_accuracy; do
         echo
         echo "\`python benchmarks/$bench.py\`"
         echo
-        "$PY" "$bench.py" | sed -n '/^$/,$p' | sed '1d'
+        "$PY" "$bench.py"
     } >>"$out"
 done
 mv "$out" RESULTS.md

@@ -13,6 +13,7 @@ matching rates and noise, as a noise-controlled reference.
 from __future__ import annotations
 
 import argparse
+import sys
 import statistics
 
 import numpy as np
@@ -79,7 +80,7 @@ def main():
         rows.append([f"{rule.value} (real ranks)",
                      *settle_figures(splits, imbalances, change_at, args.global_batch)])
         print(f"{rule.value}: imbalance per window "
-              f"{[round(x, 2) for x in imbalances]}", flush=True)
+              f"{[round(x, 2) for x in imbalances]}", file=sys.stderr)
     for rule in Rule:
         rates = 1000.0 / np.asarray(slowdown.factors[0])
         cluster = ClusterModel(rates, overhead=0.002, noise=0.05, seed=1,
@@ -89,7 +90,6 @@ def main():
         rows.append([f"{rule.value} (cluster model, 5% noise)", *settle_figures(
             [h["split"] for h in history], [h["imbalance"] for h in history], change_at,
             args.global_batch)])
-    print()
     print(f"Controller settling: 2 ranks, cnn on synthetic, global batch {args.global_batch}, "
           f"adjustment every {args.adjust_every} steps, slowdown schedule '{args.schedule}'. "
           f"Settled means max/min compute time <= {SETTLED}; 'moved' is the share of the "

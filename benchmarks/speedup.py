@@ -10,6 +10,7 @@ sum(r_i) / (n * min r_i), the most any split can give over equal batches.
 from __future__ import annotations
 
 import argparse
+import sys
 
 from common import machine, steady_throughput
 
@@ -54,8 +55,7 @@ def main():
         rows.append([spec, [round(r) for r in even], measured["static"], measured["dynamic"],
                      f"{speedup:.2f}x", f"{ideal:.2f}x", f"{speedup / ideal:.0%}", split,
                      round(limit), f"{measured['dynamic'] / limit:.0%}"])
-        print(f"slowdown {spec}: speedup {speedup:.2f}x, ideal {ideal:.2f}x", flush=True)
-    print()
+        print(f"slowdown {spec}: speedup {speedup:.2f}x, ideal {ideal:.2f}x", file=sys.stderr)
     print(f"Static vs dynamic batching: {args.model} on {args.dataset}, global batch "
           f"{args.global_batch}, {args.steps} steps, 2 ranks x 1 thread. Throughput from the "
           f"median step time of the last 75% of steps. Ideal = sum(r_i) / (n min r_i) with "

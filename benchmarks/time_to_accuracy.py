@@ -8,6 +8,7 @@ under each slowdown, `--repeats` times in turns; the training clock excludes eva
 from __future__ import annotations
 
 import argparse
+import sys
 import statistics
 
 from common import machine
@@ -40,8 +41,7 @@ def main():
                          [round(s["final_accuracy"], 3) for s in runs[batching]]])
         if median["static"] and median["dynamic"]:
             print(f"slowdown {spec}: dynamic reaches {args.target:.0%} "
-                  f"{median['static'] / median['dynamic']:.2f}x sooner", flush=True)
-    print()
+                  f"{median['static'] / median['dynamic']:.2f}x sooner", file=sys.stderr)
     print(f"Time to {args.target:.0%} test accuracy on digits (CNN, global batch 512, lr 0.1, "
           f"momentum 0.9, seed 0), 2 ranks x 1 thread, {args.repeats} runs each; training "
           f"seconds, evaluation excluded. Machine: {machine()}")

@@ -1,0 +1,80 @@
+"""Models by name and datasets by name, including an ImageFolder written on the spot."""
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+from hvd_dynbatch.data import load_dataset
+from hvd_dynbatch.errors import DynBatchError
+from hvd_dynbatch.launch import local_env
+from hvd_dynbatch.metrics import read_metrics
+from hvd_dynbatch.models import MODELS, build_model
+from launcher import CLI
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("shape", [(1, 8, 8), (3, 64, 64)])
+def test_every_model_maps_a_batch_to_class_scores(name, shape):
+    model = build_model(name, shape, 7)
+    assert model(torch.randn(2, *shape)).shape == (2, 7)
+
+
+def test_unknown_model_names_the_choices():
+    with pytest.raises(DynBatchError, match="unknown model 'vgg'; choose one of linear"):
+        build_model("vgg", (1, 8, 8), 10)
+
+
+def test_digits_is_the_real_uci_set_split_for_testing():
+    data = load_dataset("digits")
+    assert len(data.train) + len(data.test) == 1797 and len(data.test) == 360
+    x, y = data.train.fetch([0, 5, 9])
+    assert x.shape == (3, 1, 8, 8) and 0 <= x.min() and x.max() <= 1
+    assert set(data.test.y.tolist()) == set(range(10))
+
+
+def test_synthetic_labels_are_learnable_and_seeded():
+    a, b = load_dataset("synthetic", seed=1), load_dataset("synthetic", seed=1)
+    assert torch.equal(a.train.y, b.train.y)
+    assert len(set(a.train.y.tolist())) > 5
+
+
+def write_imagefolder(root, classes=("cat", "dog"), per_class=6, size=(20, 14)):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for part in ("train", "val"):
+        for label, name in enumerate(classes):
+            folder = root / part / name
+            folder.mkdir(parents=True)
+            for i in range(per_class):
+                pixels = rng.integers(0, 60, (*size[::-1], 3)) + 180 * label
+                Image.fromarray(pixels.astype(np.uint8)).save(folder / f"{i}.png")
+
+
+def test_imagefolder_is_resized_cropped_and_labelled(tmp_path):
+    write_imagefolder(tmp_path)
+    data = load_dataset("imagefolder", str(tmp_path), image_size=12)
+    assert data.input_shape == (3, 12, 12) and data.num_classes == 2
+    x, y = data.train.fetch([0, 11])
+    assert x.shape == (2, 3, 12, 12) and y.tolist() == [0, 1]
+
+
+def test_imagefolder_without_a_val_folder_is_a_clear_error(tmp_path):
+    (tmp_path / "train" / "a").mkdir(parents=True)
+    with pytest.raises(DynBatchError, match="has no 'val' folder"):
+        load_dataset("imagefolder", str(tmp_path))
+
+
+def test_training_on_an_imagefolder_end_to_end(tmp_path):
+    write_imagefolder(tmp_path / "data")
+    metrics = tmp_path / "m.jsonl"
+    out = subprocess.run([*CLI, "train", "--dataset", "imagefolder", "--data-dir",
+                          str(tmp_path / "data"), "--image-size", "16", "--model", "cnn",
+                          "--global-batch", "4", "--epochs", "2", "--no-progress",
+                          "--metrics", str(metrics)],
+                         env=local_env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    summary = read_metrics(str(metrics))[-1]
+    assert summary["steps"] == 6 and summary["samples"] == 24
+    assert summary["final_accuracy"] is not None
