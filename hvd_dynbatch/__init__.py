@@ -18,7 +18,7 @@ _LAZY = {
     "for_horovod": "comm",
     "Communicator": "comm",
     "LocalCommunicator": "comm",
-    "TrainConfig": "training",
+    "TrainConfig": "config",
     "train": "training",
 }
 

@@ -10,9 +10,10 @@ import sys
 
 import click
 
+from .config import Batching, BatchPolicy
 from .controller import Rule
 from .errors import DynBatchError
-from .training import Batching
+from .lr import RULES
 
 
 class _Group(click.Group):
@@ -82,13 +83,39 @@ def _int_list(ctx, param, value):
 @click.option("--threads", default=1, show_default=True, help="Compute threads per rank.")
 @click.option("--progress/--no-progress", default=True, show_default=True,
               help="Progress bar on rank 0 (only on a terminal).")
+@click.option("--warmup-steps", default=0, show_default=True,
+              help="Linear learning-rate warm-up over this many steps.")
+@click.option("--lr-decay-steps", callback=_int_list,
+              help="Steps at which the learning rate is multiplied by --lr-decay, e.g. 100,200.")
+@click.option("--lr-decay", default=0.1, show_default=True)
+@click.option("--elastic", is_flag=True,
+              help="Survive workers joining and leaving (horovodrun elastic mode, Gloo).")
+@click.option("--batch-policy", type=click.Choice([p.value for p in BatchPolicy]),
+              default="fixed", show_default=True,
+              help="On a world-size change: keep B, or scale it with the worker count.")
+@click.option("--lr-rule", type=click.Choice(list(RULES)),
+              help="Learning rate on a change of B: none, linear, sqrt, smooth "
+                   "[default: smooth under --batch-policy scale, else none].")
+@click.option("--smooth-steps", default=20, show_default=True,
+              help="Steps of the smooth rule's ramp per factor of batch change.")
+@click.option("--commit-every", default=10, show_default=True,
+              help="Steps between elastic state commits.")
+@click.option("--sample-log", type=click.Path(),
+              help="Directory where each process logs the sample indices of every step.")
 def train(**options):
     """Train on this rank of a Horovod job (run under horovodrun, mpirun or srun)."""
-    from .training import TrainConfig, train as run_training
-
     import horovod.torch as hvd
+    from horovod.common.exceptions import HorovodInternalError
 
-    summary = run_training(TrainConfig(**options))
+    from .config import TrainConfig
+    from .training import train as run_training
+
+    config = TrainConfig(**options)
+    try:
+        summary = run_training(config)
+    except HorovodInternalError as exc:
+        raise DynBatchError(f"another rank failed, so this one stopped ({exc}); add --elastic "
+                            f"(under horovodrun's elastic mode) to survive lost workers") from None
     if hvd.rank() == 0:
         click.echo(_summary_line(summary))
 

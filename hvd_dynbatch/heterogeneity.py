@@ -58,8 +58,10 @@ class Slowdown:
     def world_size(self) -> int:
         return len(self.factors[0])
 
-    def check_world(self, world_size: int) -> None:
-        if self.world_size != world_size:
+    def check_world(self, world_size: int, elastic: bool = False) -> None:
+        """Raise unless there is a factor for every rank (exactly one each, unless elastic:
+        an elastic job's ranks take the first factors of a list that covers its largest size)."""
+        if self.world_size < world_size or (self.world_size != world_size and not elastic):
             raise DynBatchError(f"--slowdown lists {self.world_size} factors but the job has "
                                 f"{world_size} ranks")
 

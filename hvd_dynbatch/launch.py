@@ -100,22 +100,24 @@ class JobResult:
     timed_out: bool
 
 
-def run_local(launcher: Launcher, np: int, argv: Sequence[str], *, timeout: float,
-              capture: bool = True, env: Optional[Mapping[str, str]] = None,
-              cwd: Optional[str] = None, **elastic) -> JobResult:
-    """Run `argv` as `np` local ranks and wait at most `timeout` seconds.
+def start_local(launcher: Launcher, np: int, argv: Sequence[str], *, capture: bool = True,
+                env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+                **elastic) -> subprocess.Popen:
+    """Start `argv` as `np` local ranks and return the launcher's process at once."""
+    return subprocess.Popen(
+        local_command(launcher, np, argv, **elastic), env=local_env(extra=env), cwd=cwd,
+        start_new_session=True, text=True, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE if capture else None,
+        stderr=subprocess.PIPE if capture else None)
+
+
+def wait_local(proc: subprocess.Popen, timeout: float) -> JobResult:
+    """Wait at most `timeout` seconds for a job from `start_local`.
 
     On time-out the launcher and all its descendants are killed (Horovod starts ranks in
     process groups of their own, so killing the launcher's group alone is not enough): no rank
     outlives the call.
     """
-    cmd = local_command(launcher, np, argv, **elastic)
-    proc = subprocess.Popen(
-        cmd, env=local_env(extra=env), cwd=cwd, start_new_session=True, text=True,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE if capture else None,
-        stderr=subprocess.PIPE if capture else None,
-    )
     try:
         out, err = proc.communicate(timeout=timeout)
         timed_out = False
@@ -127,6 +129,12 @@ def run_local(launcher: Launcher, np: int, argv: Sequence[str], *, timeout: floa
         kill_tree(proc.pid)
         raise
     return JobResult(proc.returncode, out or "", err or "", timed_out)
+
+
+def run_local(launcher: Launcher, np: int, argv: Sequence[str], *, timeout: float,
+              **options) -> JobResult:
+    """Run `argv` as `np` local ranks and wait at most `timeout` seconds for the result."""
+    return wait_local(start_local(launcher, np, argv, **options), timeout)
 
 
 def json_records(text: str) -> list:

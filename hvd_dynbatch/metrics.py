@@ -23,13 +23,24 @@ def _plain(value):
 
 
 class MetricsWriter:
-    """Appends records to a JSON-lines file; a writer without a path writes nothing."""
+    """Writes records to a JSON-lines file; a writer without a path writes nothing.
 
-    def __init__(self, path: Optional[str]):
-        self._file = None
+    In an elastic job the rank that writes can change: `set_path` hands the file to this
+    process (appending, when the job has written before) or takes it away.
+    """
+
+    def __init__(self, path: Optional[str], append: bool = False):
+        self._file, self._path = None, None
+        self.set_path(path, append)
+
+    def set_path(self, path: Optional[str], append: bool = False) -> None:
+        if path == self._path and self._file is not None:
+            return
+        self.close()
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(path, "w", encoding="utf-8")
+            self._file = open(path, "a" if append else "w", encoding="utf-8")
+            self._path = path
 
     def write(self, record: dict) -> None:
         if self._file is not None:
@@ -39,7 +50,37 @@ class MetricsWriter:
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
-            self._file = None
+        self._file, self._path = None, None
+
+
+class SampleLog:
+    """An audit of which samples this process trained on: one JSON line per step.
+
+    Each process appends to its own file in `directory` (named by host and process id, as
+    ranks are renumbered when an elastic job changes). A record holds the world generation,
+    the step, the epoch and offset, the rank and its sample indices; a step redone after a
+    reset appears again with a later generation, and the latest one is what counted.
+    """
+
+    def __init__(self, directory: Optional[str]):
+        self._file = None
+        if directory:
+            import os
+            import socket
+
+            Path(directory).mkdir(parents=True, exist_ok=True)
+            # Horovod tells each worker the host name it was placed on.
+            host = os.environ.get("HOROVOD_HOSTNAME", socket.gethostname())
+            name = f"{host}-{os.getpid()}.jsonl"
+            self._file = open(Path(directory) / name, "a", encoding="utf-8")
+
+    def write(self, generation: int, step: int, plan, rank: int) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps({
+                "generation": generation, "step": step, "epoch": plan.epoch,
+                "offset": plan.offset, "rank": rank,
+                "indices": [int(i) for i in plan.indices]}) + "\n")
+            self._file.flush()
 
 
 def read_metrics(path: str) -> list:

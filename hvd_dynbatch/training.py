@@ -20,109 +20,23 @@ import enum
 import math
 import os
 import time
-from dataclasses import asdict, dataclass
-from typing import Optional, Sequence
+from dataclasses import asdict
+from typing import Callable, Optional
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .comm import Communicator
-from .controller import BatchController, ControllerConfig, Rule
+from .comm import Communicator, for_horovod
+from .config import Batching, TrainConfig
+from .controller import BatchController, ControllerState
 from .data import load_dataset
-from .errors import DynBatchError
 from .heterogeneity import Emulator, Slowdown
-from .metrics import MetricsWriter
+from .lr import LRSchedule, scaling_rule
+from .metrics import MetricsWriter, SampleLog
 from .models import build_model
 from .sampler import VariableBatchSampler
 from .timing import StepTimer
-
-
-class Batching(str, enum.Enum):
-    """How the global batch is split over the ranks."""
-
-    STATIC = "static"    # evenly, never changed
-    DYNAMIC = "dynamic"  # by measured speed, through the batch controller
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Everything one training run needs; checked on construction.
-
-    The run ends after `epochs` epochs, after `max_steps` steps, or when the test accuracy
-    reaches `target_accuracy`, whichever comes first. The test set is evaluated every
-    `eval_every` steps (0: at the end of each epoch) and at the end.
-    """
-
-    model: str = "mlp"
-    dataset: str = "digits"
-    data_dir: Optional[str] = None
-    image_size: int = 64
-    global_batch: int = 64
-    lr: float = 0.05
-    momentum: float = 0.9
-    seed: int = 0
-    epochs: int = 1
-    max_steps: Optional[int] = None
-    batching: Batching = Batching.DYNAMIC
-    controller: Rule = Rule.PID
-    adjust_every: int = 5
-    min_batch: int = 1
-    max_batch: Optional[int] = None
-    initial_split: Optional[Sequence[int]] = None
-    slowdown: Optional[str] = None
-    timing_window: int = 5
-    eval_every: int = 0
-    target_accuracy: Optional[float] = None
-    metrics: Optional[str] = None
-    save_model: Optional[str] = None
-    threads: int = 1
-    progress: bool = True
-
-    def __post_init__(self):
-        object.__setattr__(self, "batching", Batching(self.batching))
-        object.__setattr__(self, "controller", Rule(self.controller))
-        for name in ("global_batch", "epochs", "adjust_every", "min_batch", "timing_window",
-                     "threads", "image_size"):
-            if getattr(self, name) < 1:
-                raise DynBatchError(f"--{name.replace('_', '-')} must be positive, "
-                                    f"got {getattr(self, name)}")
-        for name in ("max_steps", "max_batch"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise DynBatchError(f"--{name.replace('_', '-')} must be positive, got {value}")
-        if self.lr <= 0 or not math.isfinite(self.lr):
-            raise DynBatchError(f"--lr must be a positive number, got {self.lr}")
-        if not 0 <= self.momentum < 1:
-            raise DynBatchError(f"--momentum must be in [0, 1), got {self.momentum}")
-        if self.eval_every < 0:
-            raise DynBatchError(f"--eval-every must not be negative, got {self.eval_every}")
-        if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
-            raise DynBatchError(f"--target-accuracy must be in (0, 1], got {self.target_accuracy}")
-        # Checked here, on every rank, so that a bad value fails before any collective.
-        self.controller_config()
-        if self.slowdown:
-            Slowdown.parse(self.slowdown)
-
-    def controller_config(self) -> ControllerConfig:
-        return ControllerConfig(global_batch=self.global_batch, min_batch=self.min_batch,
-                                max_batch=self.max_batch, rule=self.controller)
-
-    def first_split(self, world_size: int, controller: BatchController) -> np.ndarray:
-        """The split of the first step: `initial_split` if given, else an even one."""
-        even = controller.initial_split(world_size)
-        if self.initial_split is None:
-            return even
-        split = np.asarray(self.initial_split, dtype=np.int64)
-        cfg = controller.config
-        if (split.size != world_size or split.sum() != self.global_batch
-                or split.min() < cfg.min_batch
-                or (cfg.max_batch is not None and split.max() > cfg.max_batch)):
-            raise DynBatchError(
-                f"--initial-split {','.join(map(str, split))} must have {world_size} sizes "
-                f"within [{cfg.min_batch}, {cfg.max_batch or self.global_batch}] summing to "
-                f"--global-batch {self.global_batch}")
-        return split
 
 
 def train(config: TrainConfig, comm: Optional[Communicator] = None) -> dict:
@@ -133,56 +47,112 @@ def train(config: TrainConfig, comm: Optional[Communicator] = None) -> dict:
     """
     import horovod.torch as hvd
 
-    from .comm import for_horovod
-
     hvd.init()
     torch.set_num_threads(config.threads)
-    return Trainer(config, comm or for_horovod()).run()
+    trainer = Trainer(config, comm or for_horovod())
+    if config.elastic:
+        from .elastic import run_elastic
+
+        run_elastic(trainer)
+    else:
+        trainer.broadcast_initial_state()
+        trainer.join_world(trainer.comm)
+        trainer.loop()
+    return trainer.finish()
 
 
 class Trainer:
-    """The state of one run and the steps that move it; see the module docstring."""
+    """The state of one run and the steps that move it; see the module docstring.
+
+    Building it is local (no collective), so a worker that joins an elastic job can build
+    one while the others wait for it in Horovod's state sync. `join_world` binds it to the
+    current set of ranks; `loop` trains until the run's end.
+    """
 
     def __init__(self, config: TrainConfig, comm: Communicator):
-        import horovod.torch as hvd
-
         from .weighting import DistributedOptimizer
 
         self.cfg, self.comm = config, comm
-        self.rank, self.size = comm.rank, comm.size
-        slowdown = Slowdown.parse(config.slowdown) if config.slowdown else None
-        if slowdown is not None:
-            slowdown.check_world(self.size)
-        self.emulator = Emulator(slowdown, self.rank)
-        self.controller = BatchController(config.controller_config())
-        split = config.first_split(self.size, self.controller)
+        self.slowdown = Slowdown.parse(config.slowdown) if config.slowdown else None
+        self.start_world = comm.size
         self.data = load_dataset(config.dataset, config.data_dir, config.seed, config.image_size)
-
         torch.manual_seed(config.seed)
         self.model = build_model(config.model, self.data.input_shape, self.data.num_classes)
-        hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
         optimizer = torch.optim.SGD(self.model.parameters(), lr=config.lr,
                                     momentum=config.momentum)
         self.optimizer = DistributedOptimizer(optimizer,
                                               named_parameters=self.model.named_parameters())
-        self.sampler = VariableBatchSampler(len(self.data.train), self.rank, split, config.seed)
+        self.schedule = LRSchedule(config.lr, config.global_batch,
+                                   scaling_rule(config.lr_rule, config.smooth_steps),
+                                   config.base_schedule())
+        self.controller = BatchController(config.controller_config())
+        self.sampler = VariableBatchSampler(len(self.data.train), 0,
+                                            self.controller.initial_split(comm.size),
+                                            config.seed)
         self.timer = StepTimer(config.timing_window)
-        self.metrics = MetricsWriter(config.metrics if self.rank == 0 else None)
+        self.metrics = MetricsWriter(None)
+        self.samples_log = SampleLog(config.sample_log)
+        self.rank, self.size = comm.rank, comm.size
+        self.emulator = Emulator(self.slowdown, self.rank)
 
         self.step = 0
+        self.generation = 0           # how many times this job has (re)joined a world
         self.train_seconds = 0.0      # the training clock; evaluation does not count
         self.exchange_seconds = 0.0   # of which: timing exchange and controller
         self.samples = 0
         self.pending = []             # this rank's (batch, compute, loss) since the last exchange
-        self.pending_info = []        # rank 0's own per-step facts for the same steps
+        self.pending_info = []        # the same steps' shared facts, for rank 0's metrics
         self.last_loss = math.nan
         self.accuracy = None
+        self.last_eval_step = None
         self.time_to_target = None
-        self.evaluations = []
+
+    def broadcast_initial_state(self) -> None:
+        """Give every rank rank 0's initial weights. Collective."""
+        import horovod.torch as hvd
+
+        hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+
+    def join_world(self, comm: Communicator, committed_split=None) -> None:
+        """Bind to the ranks of `comm`: this rank's slice, B, the split, metrics on rank 0.
+
+        Local: no collective. Per-rank facts (timings) start afresh; the split is the
+        committed one if the world kept its size, else an even one (the first start may use
+        --initial-split), and the controller rebalances from there.
+        """
+        cfg = self.cfg
+        self.comm, self.rank, self.size = comm, comm.rank, comm.size
+        self.generation += 1
+        if self.slowdown is not None:
+            self.slowdown.check_world(self.size, elastic=cfg.elastic)
+        batch = cfg.global_batch_for(self.size, self.start_world)
+        self.controller = BatchController(cfg.controller_config(batch), self.controller.state
+                                          if committed_split is not None else ControllerState())
+        if committed_split is not None:
+            split = np.asarray(committed_split)
+        elif self.generation == 1 and self.step == 0:
+            split = cfg.first_split(self.size, self.controller)
+        else:
+            split = self.controller.initial_split(self.size)
+        self.sampler.rank = self.rank
+        self.sampler.batch_sizes = split
+        self.schedule.on_batch_change(self.step, batch)
+        self.timer.reset()
+        self.emulator = Emulator(self.slowdown, self.rank)
+        fresh = self.generation == 1 and self.step == 0
+        self.metrics.set_path(cfg.metrics if self.rank == 0 else None, append=not fresh)
+        if not fresh:
+            self.metrics.write({"type": "reset", "step": self.step, "world_size": self.size,
+                                "global_batch": batch, "split": split.tolist(),
+                                "generation": self.generation})
 
     # -- the run -----------------------------------------------------------------------------
 
-    def run(self) -> dict:
+    def loop(self, commit: Optional[Callable[[], None]] = None) -> None:
+        """Train until the run's end; call `commit` every `commit_every` steps.
+
+        Collective: every rank runs the same steps and exchanges.
+        """
         cfg = self.cfg
         total = self._planned_steps()
         progress = self._progress_bar(total)
@@ -201,17 +171,23 @@ class Trainer:
                         (not cfg.eval_every and epoch_end):
                     self._exchange()
                     self._evaluate()
+                if commit is not None and self.step % cfg.commit_every == 0:
+                    self._exchange()
+                    commit()
             self._exchange()
-            if not self.evaluations or self.evaluations[-1]["step"] != self.step:
+            if self.last_eval_step != self.step:
                 self._evaluate()
         finally:
             if progress is not None:
                 progress.close()
+
+    def finish(self) -> dict:
+        """Write the summary (and the model, on rank 0); return the summary."""
         summary = self._summary()
         self.metrics.write(summary)
-        self.metrics.close()
-        if self.rank == 0 and cfg.save_model:
-            _save_atomically(self.model.state_dict(), cfg.save_model)
+        self.metrics.set_path(None)
+        if self.rank == 0 and self.cfg.save_model:
+            _save_atomically(self.model.state_dict(), self.cfg.save_model)
         return summary
 
     def _planned_steps(self) -> int:
@@ -224,14 +200,19 @@ class Trainer:
         from tqdm import tqdm
 
         # disable=None: shown on a terminal, silent in logs and pipes.
-        return tqdm(total=total, unit="step", disable=None, dynamic_ncols=True)
+        return tqdm(total=total, initial=self.step, unit="step", disable=None,
+                    dynamic_ncols=True)
 
     def _train_step(self) -> None:
         plan = self.sampler.next_step()
         local = len(plan.indices)
         started = time.perf_counter()
         x, y = self.data.train.fetch(plan.indices)
+        self.samples_log.write(self.generation, self.step, plan, self.rank)
         self.model.train()
+        lr = self.schedule.lr(self.step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         self.optimizer.zero_grad()
         self.optimizer.set_batch_size(local, plan.global_size)
         if local:
@@ -256,8 +237,7 @@ class Trainer:
         self.pending.append((plan.sizes[self.rank], compute, loss_value))
         self.pending_info.append({"step": self.step, "epoch": plan.epoch,
                                   "time": self.train_seconds, "step_time": step_time,
-                                  "global_batch": plan.global_size,
-                                  "lr": self.optimizer.param_groups[0]["lr"]})
+                                  "global_batch": plan.global_size, "lr": lr})
         self.step += 1
 
     def _exchange(self) -> None:
@@ -309,7 +289,7 @@ class Trainer:
         record = {"type": "eval", "step": self.step, "epoch": self.sampler.epoch,
                   "time": self.train_seconds, "accuracy": self.accuracy,
                   "test_loss": float(totals[1] / totals[2])}
-        self.evaluations.append(record)
+        self.last_eval_step = self.step
         self.metrics.write(record)
         target = self.cfg.target_accuracy
         if target is not None and self.time_to_target is None and self.accuracy >= target:
@@ -322,6 +302,7 @@ class Trainer:
             "batching": cfg.batching.value,
             "controller": cfg.controller.value if cfg.batching is Batching.DYNAMIC else None,
             "world_size": self.size,
+            "elastic_generations": self.generation if self.cfg.elastic else None,
             "exchange_backend": self.comm.backend,
             "steps": self.step,
             "epochs_completed": self.sampler.epoch,

@@ -1,0 +1,149 @@
+"""The configuration of a training run: one frozen dataclass, checked on construction.
+
+Light on purpose (numpy, no torch, no Horovod): the CLI and every rank validate it before
+anything collective starts, so a bad value fails fast with the same message everywhere.
+"""
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+
+from .controller import BatchController, ControllerConfig, Rule
+from .errors import DynBatchError
+from .heterogeneity import Slowdown
+from .lr import RULES, BaseSchedule
+
+
+class Batching(str, enum.Enum):
+    """How the global batch is split over the ranks."""
+
+    STATIC = "static"    # evenly, never changed
+    DYNAMIC = "dynamic"  # by measured speed, through the batch controller
+
+
+class BatchPolicy(str, enum.Enum):
+    """What happens to the global batch when an elastic job's world size changes."""
+
+    FIXED = "fixed"  # B stays; the split is recomputed for the new workers
+    SCALE = "scale"  # B = b0 * N, b0 the per-worker batch of the starting world
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything one training run needs; checked on construction.
+
+    The run ends after `epochs` epochs, after `max_steps` steps, or when the test accuracy
+    reaches `target_accuracy`, whichever comes first. The test set is evaluated every
+    `eval_every` steps (0: at the end of each epoch) and at the end.
+
+    With `elastic`, the run survives workers joining and leaving (Horovod Elastic), committing
+    its state every `commit_every` steps; `batch_policy` and `lr_rule` say what a change of
+    world size does to the global batch and the learning rate (`lr_rule` None: `smooth`
+    under the `scale` policy, `none` under `fixed`).
+    """
+
+    model: str = "mlp"
+    dataset: str = "digits"
+    data_dir: Optional[str] = None
+    image_size: int = 64
+    global_batch: int = 64
+    lr: float = 0.05
+    momentum: float = 0.9
+    seed: int = 0
+    epochs: int = 1
+    max_steps: Optional[int] = None
+    batching: Batching = Batching.DYNAMIC
+    controller: Rule = Rule.PID
+    adjust_every: int = 5
+    min_batch: int = 1
+    max_batch: Optional[int] = None
+    initial_split: Optional[Sequence[int]] = None
+    slowdown: Optional[str] = None
+    timing_window: int = 5
+    eval_every: int = 0
+    target_accuracy: Optional[float] = None
+    metrics: Optional[str] = None
+    save_model: Optional[str] = None
+    threads: int = 1
+    progress: bool = True
+    warmup_steps: int = 0
+    lr_decay_steps: Sequence[int] = ()
+    lr_decay: float = 0.1
+    elastic: bool = False
+    batch_policy: BatchPolicy = BatchPolicy.FIXED
+    lr_rule: Optional[str] = None
+    smooth_steps: int = 20
+    commit_every: int = 10
+    sample_log: Optional[str] = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "batching", Batching(self.batching))
+        object.__setattr__(self, "controller", Rule(self.controller))
+        object.__setattr__(self, "batch_policy", BatchPolicy(self.batch_policy))
+        object.__setattr__(self, "lr_decay_steps", tuple(self.lr_decay_steps or ()))
+        if self.lr_rule is None:
+            object.__setattr__(self, "lr_rule", "smooth" if self.batch_policy is
+                               BatchPolicy.SCALE else "none")
+        if self.lr_rule not in RULES:
+            raise DynBatchError(f"unknown --lr-rule '{self.lr_rule}'; choose one of "
+                                f"{', '.join(RULES)}")
+        for name in ("global_batch", "epochs", "adjust_every", "min_batch", "timing_window",
+                     "threads", "image_size", "smooth_steps", "commit_every"):
+            if getattr(self, name) < 1:
+                raise DynBatchError(f"--{name.replace('_', '-')} must be positive, "
+                                    f"got {getattr(self, name)}")
+        for name in ("max_steps", "max_batch"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise DynBatchError(f"--{name.replace('_', '-')} must be positive, got {value}")
+        if self.lr <= 0 or not math.isfinite(self.lr):
+            raise DynBatchError(f"--lr must be a positive number, got {self.lr}")
+        if not 0 <= self.momentum < 1:
+            raise DynBatchError(f"--momentum must be in [0, 1), got {self.momentum}")
+        if self.eval_every < 0:
+            raise DynBatchError(f"--eval-every must not be negative, got {self.eval_every}")
+        if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
+            raise DynBatchError(f"--target-accuracy must be in (0, 1], got {self.target_accuracy}")
+        # Checked here, on every rank, so that a bad value fails before any collective.
+        self.controller_config()
+        self.base_schedule()
+        if self.slowdown:
+            Slowdown.parse(self.slowdown)
+
+    def controller_config(self, global_batch: Optional[int] = None) -> ControllerConfig:
+        """The controller's settings, for `global_batch` (default: the configured one)."""
+        return ControllerConfig(global_batch=global_batch or self.global_batch,
+                                min_batch=self.min_batch, max_batch=self.max_batch,
+                                rule=self.controller)
+
+    def base_schedule(self) -> BaseSchedule:
+        return BaseSchedule(self.warmup_steps, self.lr_decay_steps, self.lr_decay)
+
+    def global_batch_for(self, world_size: int, start_world_size: int) -> int:
+        """B for `world_size` workers under the batch policy, the job having started with
+        `start_world_size`."""
+        if self.batch_policy is BatchPolicy.FIXED:
+            return self.global_batch
+        return max(1, round(self.global_batch * world_size / start_world_size))
+
+    def first_split(self, world_size: int, controller: BatchController) -> np.ndarray:
+        """The split of the first step: `initial_split` if given, else an even one."""
+        even = controller.initial_split(world_size)
+        if self.initial_split is None:
+            return even
+        split = np.asarray(self.initial_split, dtype=np.int64)
+        cfg = controller.config
+        if (split.size != world_size or split.sum() != self.global_batch
+                or split.min() < cfg.min_batch
+                or (cfg.max_batch is not None and split.max() > cfg.max_batch)):
+            raise DynBatchError(
+                f"--initial-split {','.join(map(str, split))} must have {world_size} sizes "
+                f"within [{cfg.min_batch}, {cfg.max_batch or self.global_batch}] summing to "
+                f"--global-batch {self.global_batch}")
+        return split
+
+
