@@ -41,6 +41,16 @@ def check():
     click.echo(json.dumps(run_check(), sort_keys=True))
 
 
+def _batch_schedule(ctx, param, value):
+    if value is None:
+        return ()
+    try:
+        return tuple(tuple(int(x) for x in part.split(":")) for part in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected STEP:BATCH pairs like 100:128,200:64, "
+                                 f"got '{value}'") from None
+
+
 def _int_list(ctx, param, value):
     if value is None:
         return None
@@ -100,6 +110,11 @@ def _int_list(ctx, param, value):
               help="Steps of the smooth rule's ramp per factor of batch change.")
 @click.option("--commit-every", default=10, show_default=True,
               help="Steps between elastic state commits.")
+@click.option("--batch-schedule", callback=_batch_schedule,
+              help="Change the global batch at given steps, e.g. 100:128 (not with --elastic); "
+                   "the learning-rate rule applies as to an elastic change.")
+@click.option("--micro-batch", default=8, show_default=True,
+              help="ABS-SGD: samples per micro-batch within a compute window.")
 @click.option("--sample-log", type=click.Path(),
               help="Directory where each process logs the sample indices of every step.")
 def train(**options):

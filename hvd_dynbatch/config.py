@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -23,6 +23,7 @@ class Batching(str, enum.Enum):
 
     STATIC = "static"    # evenly, never changed
     DYNAMIC = "dynamic"  # by measured speed, through the batch controller
+    ABS = "abs"          # no plan: ABS-SGD compute windows of micro-batches
 
 
 class BatchPolicy(str, enum.Enum):
@@ -79,12 +80,26 @@ class TrainConfig:
     smooth_steps: int = 20
     commit_every: int = 10
     sample_log: Optional[str] = None
+    batch_schedule: Sequence[Tuple[int, int]] = ()
+    micro_batch: int = 8
 
     def __post_init__(self):
         object.__setattr__(self, "batching", Batching(self.batching))
         object.__setattr__(self, "controller", Rule(self.controller))
         object.__setattr__(self, "batch_policy", BatchPolicy(self.batch_policy))
         object.__setattr__(self, "lr_decay_steps", tuple(self.lr_decay_steps or ()))
+        object.__setattr__(self, "batch_schedule",
+                           tuple((int(s), int(b)) for s, b in self.batch_schedule or ()))
+        steps = [s for s, _ in self.batch_schedule]
+        if steps != sorted(set(steps)) or any(s < 1 or b < 1 for s, b in self.batch_schedule):
+            raise DynBatchError(f"--batch-schedule needs increasing positive steps and positive "
+                                f"batches, got {self.batch_schedule}")
+        if self.batching is Batching.ABS and (self.elastic or self.batch_schedule):
+            raise DynBatchError("--batching abs runs on a fixed set of workers and a fixed "
+                                "target batch: drop --elastic and --batch-schedule")
+        if self.batch_schedule and self.elastic:
+            raise DynBatchError("--batch-schedule is for non-elastic runs; an elastic run's "
+                                "batch follows its workers (--batch-policy scale)")
         if self.lr_rule is None:
             object.__setattr__(self, "lr_rule", "smooth" if self.batch_policy is
                                BatchPolicy.SCALE else "none")
@@ -92,7 +107,7 @@ class TrainConfig:
             raise DynBatchError(f"unknown --lr-rule '{self.lr_rule}'; choose one of "
                                 f"{', '.join(RULES)}")
         for name in ("global_batch", "epochs", "adjust_every", "min_batch", "timing_window",
-                     "threads", "image_size", "smooth_steps", "commit_every"):
+                     "threads", "image_size", "smooth_steps", "commit_every", "micro_batch"):
             if getattr(self, name) < 1:
                 raise DynBatchError(f"--{name.replace('_', '-')} must be positive, "
                                     f"got {getattr(self, name)}")
@@ -123,12 +138,16 @@ class TrainConfig:
     def base_schedule(self) -> BaseSchedule:
         return BaseSchedule(self.warmup_steps, self.lr_decay_steps, self.lr_decay)
 
-    def global_batch_for(self, world_size: int, start_world_size: int) -> int:
-        """B for `world_size` workers under the batch policy, the job having started with
-        `start_world_size`."""
+    def global_batch_for(self, world_size: int, start_world_size: int, step: int = 0) -> int:
+        """B at `step` for `world_size` workers: the batch schedule's value, scaled under the
+        `scale` policy by the workers gained or lost since the start (`start_world_size`)."""
+        batch = self.global_batch
+        for start, scheduled in self.batch_schedule:
+            if step >= start:
+                batch = scheduled
         if self.batch_policy is BatchPolicy.FIXED:
-            return self.global_batch
-        return max(1, round(self.global_batch * world_size / start_world_size))
+            return batch
+        return max(1, round(batch * world_size / start_world_size))
 
     def first_split(self, world_size: int, controller: BatchController) -> np.ndarray:
         """The split of the first step: `initial_split` if given, else an even one."""

@@ -118,3 +118,36 @@ class VariableBatchSampler:
                                 f"{self.dataset_size} samples")
         self.epoch, self.offset, self.seed = int(state["epoch"]), int(state["offset"]), int(state["seed"])
         self._perm_epoch = None
+
+
+class ShardStream:
+    """This rank's own endless stream of samples, for methods without a planned batch (ABS-SGD).
+
+    Every rank uses the same seeded permutation per epoch and reads its shard of it (every
+    size-th index, from its rank on); a rank that computes faster passes over its shard more
+    often, so each rank counts its own epochs. `take(m)` returns the next m indices, wrapping
+    into the rank's next epoch.
+    """
+
+    def __init__(self, dataset_size: int, rank: int, size: int, seed: int = 0):
+        if dataset_size < size:
+            raise DynBatchError(f"a dataset of {dataset_size} samples cannot be sharded over "
+                                f"{size} ranks")
+        self._sampler = VariableBatchSampler(dataset_size, 0, [1], seed)
+        self.rank, self.size = rank, size
+        self.epoch, self.position = 0, 0
+
+    def _shard(self) -> np.ndarray:
+        return self._sampler.permutation(self.epoch)[self.rank::self.size]
+
+    def take(self, count: int) -> np.ndarray:
+        taken = []
+        while count > 0:
+            shard = self._shard()
+            piece = shard[self.position:self.position + count]
+            taken.append(piece)
+            count -= len(piece)
+            self.position += len(piece)
+            if self.position >= len(shard):
+                self.epoch, self.position = self.epoch + 1, 0
+        return np.concatenate(taken)

@@ -20,6 +20,7 @@ import enum
 import math
 import os
 import time
+import zlib
 from dataclasses import asdict
 from typing import Callable, Optional
 
@@ -49,7 +50,11 @@ def train(config: TrainConfig, comm: Optional[Communicator] = None) -> dict:
 
     hvd.init()
     torch.set_num_threads(config.threads)
-    trainer = Trainer(config, comm or for_horovod())
+    if config.batching is Batching.ABS:
+        from .abs_training import ABSTrainer as trainer_class
+    else:
+        trainer_class = Trainer
+    trainer = trainer_class(config, comm or for_horovod())
     if config.elastic:
         from .elastic import run_elastic
 
@@ -70,8 +75,6 @@ class Trainer:
     """
 
     def __init__(self, config: TrainConfig, comm: Communicator):
-        from .weighting import DistributedOptimizer
-
         self.cfg, self.comm = config, comm
         self.slowdown = Slowdown.parse(config.slowdown) if config.slowdown else None
         self.start_world = comm.size
@@ -80,8 +83,7 @@ class Trainer:
         self.model = build_model(config.model, self.data.input_shape, self.data.num_classes)
         optimizer = torch.optim.SGD(self.model.parameters(), lr=config.lr,
                                     momentum=config.momentum)
-        self.optimizer = DistributedOptimizer(optimizer,
-                                              named_parameters=self.model.named_parameters())
+        self.optimizer = self._distribute(optimizer)
         self.schedule = LRSchedule(config.lr, config.global_batch,
                                    scaling_rule(config.lr_rule, config.smooth_steps),
                                    config.base_schedule())
@@ -92,6 +94,7 @@ class Trainer:
         self.timer = StepTimer(config.timing_window)
         self.metrics = MetricsWriter(None)
         self.samples_log = SampleLog(config.sample_log)
+        self._batch_changes = dict(config.batch_schedule)
         self.rank, self.size = comm.rank, comm.size
         self.emulator = Emulator(self.slowdown, self.rank)
 
@@ -106,6 +109,14 @@ class Trainer:
         self.accuracy = None
         self.last_eval_step = None
         self.time_to_target = None
+        self.checksums = np.zeros(1)
+        self.last_sizes = []          # every rank's batch in the last exchanged step
+
+    def _distribute(self, optimizer):
+        """The optimizer as the training steps use it: Horovod's, batch-weighted."""
+        from .weighting import DistributedOptimizer
+
+        return DistributedOptimizer(optimizer, named_parameters=self.model.named_parameters())
 
     def broadcast_initial_state(self) -> None:
         """Give every rank rank 0's initial weights. Collective."""
@@ -125,26 +136,36 @@ class Trainer:
         self.generation += 1
         if self.slowdown is not None:
             self.slowdown.check_world(self.size, elastic=cfg.elastic)
-        batch = cfg.global_batch_for(self.size, self.start_world)
-        self.controller = BatchController(cfg.controller_config(batch), self.controller.state
-                                          if committed_split is not None else ControllerState())
-        if committed_split is not None:
-            split = np.asarray(committed_split)
-        elif self.generation == 1 and self.step == 0:
-            split = cfg.first_split(self.size, self.controller)
+        fresh = self.generation == 1 and self.step == 0
+        batch = cfg.global_batch_for(self.size, self.start_world, self.step)
+        split = self._set_global_batch(batch, committed_split,
+                                       cfg.first_split if fresh else None)
+        self.emulator = Emulator(self.slowdown, self.rank)
+        self.metrics.set_path(cfg.metrics if self.rank == 0 else None, append=not fresh)
+        if not fresh:
+            self.metrics.write({"type": "reset", "step": self.step, "world_size": self.size,
+                                "global_batch": batch, "split": split.tolist(),
+                                "generation": self.generation})
+
+    def _set_global_batch(self, batch: int, split=None, first_split=None) -> np.ndarray:
+        """Make B `batch` from this step on: controller, split, learning-rate rule, timer.
+
+        `split` keeps a committed split (and the controller's state); otherwise the split is
+        `first_split(size, controller)` if given, else even. Local: no collective.
+        """
+        state = self.controller.state if split is not None else ControllerState()
+        self.controller = BatchController(self.cfg.controller_config(batch), state)
+        if split is not None:
+            split = np.asarray(split)
+        elif first_split is not None:
+            split = first_split(self.size, self.controller)
         else:
             split = self.controller.initial_split(self.size)
         self.sampler.rank = self.rank
         self.sampler.batch_sizes = split
         self.schedule.on_batch_change(self.step, batch)
         self.timer.reset()
-        self.emulator = Emulator(self.slowdown, self.rank)
-        fresh = self.generation == 1 and self.step == 0
-        self.metrics.set_path(cfg.metrics if self.rank == 0 else None, append=not fresh)
-        if not fresh:
-            self.metrics.write({"type": "reset", "step": self.step, "world_size": self.size,
-                                "global_batch": batch, "split": split.tolist(),
-                                "generation": self.generation})
+        return split
 
     # -- the run -----------------------------------------------------------------------------
 
@@ -158,6 +179,9 @@ class Trainer:
         progress = self._progress_bar(total)
         try:
             while self.step < total and self.time_to_target is None:
+                if self.step in self._batch_changes:
+                    self._exchange()
+                    self._set_global_batch(self._batch_changes[self.step])
                 epoch_before = self.sampler.epoch
                 self._train_step()
                 if self.step % cfg.adjust_every == 0 or self.step == total:
@@ -174,12 +198,17 @@ class Trainer:
                 if commit is not None and self.step % cfg.commit_every == 0:
                     self._exchange()
                     commit()
+            self._drain()
             self._exchange()
             if self.last_eval_step != self.step:
                 self._evaluate()
+            self.checksums = self.comm.allgather([weights_checksum(self.model)])[:, 0]
         finally:
             if progress is not None:
                 progress.close()
+
+    def _drain(self) -> None:
+        """Complete work still in flight at the end of the run (nothing, here)."""
 
     def finish(self) -> dict:
         """Write the summary (and the model, on rank 0); return the summary."""
@@ -237,7 +266,7 @@ class Trainer:
         self.pending.append((plan.sizes[self.rank], compute, loss_value))
         self.pending_info.append({"step": self.step, "epoch": plan.epoch,
                                   "time": self.train_seconds, "step_time": step_time,
-                                  "global_batch": plan.global_size, "lr": lr})
+                                  "lr": lr})
         self.step += 1
 
     def _exchange(self) -> None:
@@ -255,8 +284,10 @@ class Trainer:
             sizes, computes, losses = per_step[:, k, 0], per_step[:, k, 1], per_step[:, k, 2]
             self.last_loss = float(np.dot(sizes, losses) / sizes.sum())
             self.metrics.write({**info, "world_size": self.size,
+                                "global_batch": int(sizes.sum()),
                                 "batch_sizes": sizes.astype(int).tolist(),
                                 "compute_times": computes.tolist(), "loss": self.last_loss})
+        self.last_sizes = per_step[:, -1, 0].astype(int).tolist()
         self.pending, self.pending_info = [], []
         if self.cfg.batching is Batching.DYNAMIC:
             current = self.sampler.batch_sizes
@@ -314,10 +345,20 @@ class Trainer:
             "final_accuracy": self.accuracy,
             "target_accuracy": cfg.target_accuracy,
             "time_to_target": self.time_to_target,
-            "final_split": list(self.sampler.batch_sizes),
+            "final_split": self.last_sizes,
+            "weights_checksum": int(self.checksums[0]),
+            "weights_identical": bool(np.all(self.checksums == self.checksums[0])),
             "config": {k: (v.value if isinstance(v, enum.Enum) else v)
                        for k, v in asdict(cfg).items()},
         }
+
+
+def weights_checksum(model) -> int:
+    """CRC-32 of the model's parameters and buffers, byte for byte (equal weights, equal sum)."""
+    crc = 0
+    for value in model.state_dict().values():
+        crc = zlib.crc32(value.detach().cpu().contiguous().numpy().tobytes(), crc)
+    return crc
 
 
 def _save_atomically(state_dict: dict, path: str) -> None:

@@ -158,3 +158,20 @@ def test_reset_callback_does_not_communicate():
     on_reset(trainer)
     assert trainer.pending == [] and trainer.pending_info == []
     assert timer.smoothed != timer.smoothed  # NaN: timings start afresh
+
+
+def test_without_elastic_a_lost_worker_ends_the_job_with_an_error(tmp_path):
+    samples = tmp_path / "samples"
+    proc = start_local(Launcher.GLOO, 2, [
+        *CLI, "train", "--model", "cnn", "--epochs", "100", "--max-steps", "2000",
+        "--slowdown", "30,30", "--no-progress", "--sample-log", str(samples)])
+    deadline = time.monotonic() + 60
+    while not (samples.exists() and len(list(samples.iterdir())) == 2):
+        assert time.monotonic() < deadline and proc.poll() is None, "the job did not start"
+        time.sleep(0.5)
+    time.sleep(2)
+    victim = sorted(samples.iterdir())[0].stem.split("-")[-1]
+    os.kill(int(victim), signal.SIGKILL)
+    result = wait_local(proc, timeout=60)
+    assert not result.timed_out, "the job hung after losing a worker"
+    assert result.returncode != 0

@@ -72,6 +72,16 @@ def test_metrics_records_and_summary(reference):
     assert [e["step"] for e in evals] == [10, 20, 30]
 
 
+def test_batch_schedule_changes_the_batch_and_ramps_the_learning_rate(tmp_path):
+    _, records = single_process(["train", "--model", "linear", "--global-batch", "32",
+                                 "--lr", "0.1", "--max-steps", "40", "--epochs", "10",
+                                 "--batch-schedule", "20:64", "--lr-rule", "smooth",
+                                 "--smooth-steps", "5", "--no-progress"], tmp_path, "sched")
+    steps = {r["step"]: r for r in records if "batch_sizes" in r}
+    assert steps[19]["global_batch"] == 32 and steps[20]["global_batch"] == 64
+    assert [round(steps[s]["lr"], 4) for s in (19, 20, 25, 30, 35)] == [0.1, 0.1, 0.15, 0.2, 0.2]
+
+
 def test_target_accuracy_stops_the_run_and_records_its_time(tmp_path):
     _, records = single_process(["train", "--max-steps", "400", "--epochs", "20",
                                  "--eval-every", "5", "--target-accuracy", "0.8",
@@ -96,6 +106,9 @@ def expect_user_error(out, text):
     (["--dataset", "imagefolder", "--data-dir", "/nonexistent"], "has no 'train' folder"),
     (["--slowdown", "1,x"], "cannot read slowdown"),
     (["--slowdown", "1,2"], "lists 2 factors but the job has 1 ranks"),
+    (["--elastic", "--batch-schedule", "10:32"], "--batch-schedule is for non-elastic runs"),
+    (["--batch-schedule", "10:32,5:16"], "--batch-schedule needs increasing positive steps"),
+    (["--lr-decay-steps", "5,3"], "--lr-decay-steps must be increasing"),
 ])
 def test_bad_input_is_one_clear_line(args, text):
     out = subprocess.run([*CLI, "train", "--max-steps", "2", "--no-progress", *args],

@@ -1,0 +1,97 @@
+"""ABS-SGD: the window rule alone, and real runs checked against a one-process replay."""
+import collections
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hvd_dynbatch.abs_sgd import WindowRule
+from hvd_dynbatch.data import load_dataset
+from hvd_dynbatch.errors import DynBatchError
+from hvd_dynbatch.launch import Launcher
+from hvd_dynbatch.metrics import read_metrics
+from hvd_dynbatch.models import build_model
+from launcher import CLI, run_ranks
+
+
+class TestWindowRule:
+    def test_window_grows_when_a_window_yields_too_few_samples(self):
+        rule = WindowRule(target_batch=128, gain=0.5)
+        assert rule.next_window(0.010, 64, 0.001) == pytest.approx(0.015)
+        assert rule.next_window(0.010, 256, 0.001) == pytest.approx(0.0075)
+        assert rule.next_window(0.010, 128, 0.001) == pytest.approx(0.010)
+
+    def test_window_is_never_shorter_than_the_reduction(self):
+        assert WindowRule(128).next_window(0.010, 1280, 0.009) == pytest.approx(0.009)
+
+    def test_one_adjustment_is_bounded(self):
+        rule = WindowRule(1000, gain=1.0, max_factor=2.0)
+        assert rule.next_window(0.01, 1, 0.0) == pytest.approx(0.02)
+
+    def test_bad_settings_are_rejected(self):
+        with pytest.raises(DynBatchError):
+            WindowRule(0)
+        with pytest.raises(DynBatchError):
+            WindowRule(64, gain=0)
+
+
+SEED, LR, MOMENTUM, STEPS = 4, 0.05, 0.9, 12
+ARGS = ["train", "--batching", "abs", "--model", "linear", "--dataset", "digits",
+        "--global-batch", "64", "--micro-batch", "8", "--lr", str(LR), "--momentum",
+        str(MOMENTUM), "--seed", str(SEED), "--max-steps", str(STEPS), "--epochs", "50",
+        "--slowdown", "1,3", "--adjust-every", "3", "--eval-every", "100", "--no-progress"]
+
+
+def replay(sample_dir: Path):
+    """The training in one process: window k's samples, from the ranks' logs, give the mean
+    gradient at the weights of the time; it is applied one window later; the last is flushed."""
+    windows = collections.defaultdict(list)
+    for f in sample_dir.iterdir():
+        for line in f.read_text().splitlines():
+            rec = json.loads(line)
+            windows[rec["step"]].extend(rec["indices"])
+    data = load_dataset("digits")
+    torch.manual_seed(SEED)
+    model = build_model("linear", data.input_shape, data.num_classes)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    pending = None
+    for k in sorted(windows):
+        x, y = data.train.fetch(windows[k])
+        model.zero_grad()
+        (F.cross_entropy(model(x), y, reduction="sum") / len(windows[k])).backward()
+        current = [p.grad.clone() for p in model.parameters()]
+        if pending is not None:
+            for p, g in zip(model.parameters(), pending):
+                p.grad = g
+            opt.step()
+        pending = current
+    for p, g in zip(model.parameters(), pending):
+        p.grad = g
+    opt.step()
+    return model.state_dict(), windows
+
+
+@pytest.mark.parametrize("launcher", list(Launcher))
+def test_each_update_is_the_sample_weighted_mean_of_the_previous_window(tmp_path, launcher):
+    samples, model, metrics = tmp_path / "samples", tmp_path / "m.pt", tmp_path / "m.jsonl"
+    job = run_ranks(launcher, 2, [*CLI, *ARGS, "--sample-log", str(samples), "--save-model",
+                                  str(model), "--metrics", str(metrics)], timeout=180)
+    assert job.returncode == 0, job.explain()
+    expected, windows = replay(samples)
+    assert sorted(windows) == list(range(STEPS))
+    for name, value in torch.load(model).items():
+        torch.testing.assert_close(value, expected[name], rtol=1e-4, atol=1e-6, msg=name)
+
+    records = read_metrics(str(metrics))
+    summary = records[-1]
+    assert summary["weights_identical"], "ranks ended with different weights"
+    steps = [r for r in records if "batch_sizes" in r]
+    assert [r["global_batch"] for r in steps] == [len(windows[k]) for k in range(STEPS)]
+    # Rank 1 emulates a worker 3 times slower: it gets through fewer micro-batches.
+    later = steps[2:]
+    assert sum(r["batch_sizes"][0] for r in later) > 1.5 * sum(r["batch_sizes"][1]
+                                                               for r in later)
+    assert all(math.isfinite(r["window"]) and r["window"] > 0 for r in steps)
