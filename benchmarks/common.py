@@ -27,6 +27,16 @@ def median_compute(records: list, rank: int, skip_fraction: float = 0.25) -> flo
                              for r in steps[int(len(steps) * skip_fraction):])
 
 
+def print_report(description: str, headers: list, rows: list) -> None:
+    """A benchmark's report on stdout: what was run, on what machine, and its table."""
+    from hvd_dynbatch.report import markdown_table
+
+    print(description)
+    print(f"Machine: {machine()}")
+    print()
+    print(markdown_table(headers, rows))
+
+
 def machine() -> str:
     """One line that says what the figures were measured on."""
     return (f"{platform.node()}: {os.cpu_count()} cores, {platform.machine()}, "

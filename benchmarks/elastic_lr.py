@@ -26,12 +26,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import machine
+from common import print_report
 
 from hvd_dynbatch.jobs import run_training_job, step_records
 from hvd_dynbatch.launch import Launcher, start_local, wait_local
 from hvd_dynbatch.metrics import read_metrics
-from hvd_dynbatch.report import markdown_table
 
 DISCOVER = str(Path(__file__).resolve().parent.parent / "hostfiles" / "discover_hosts.sh")
 
@@ -96,20 +95,19 @@ def main():
     headers = ["mean loss, 10 steps before", "max loss after", "mean loss after",
                f"lr {args.window} steps after", "final loss (last 10 steps)",
                "final test accuracy"]
-    print(f"Deterministic twin: 2 ranks, {args.model} on digits, global batch "
-          f"{args.global_batch} -> {args.global_batch * args.factor} at step {args.change_at} "
-          f"(--batch-schedule), lr {args.lr} for the starting batch, momentum 0.9, "
-          f"{args.steps} steps. Loss is each step's training loss (batch-weighted over ranks); "
-          f"'after' covers the {args.window} steps from the change.")
-    print(f"Machine: {machine()}")
+    print_report(
+        f"Deterministic twin: 2 ranks, {args.model} on digits, global batch "
+        f"{args.global_batch} -> {args.global_batch * args.factor} at step {args.change_at} "
+        f"(--batch-schedule), lr {args.lr} for the starting batch, momentum 0.9, "
+        f"{args.steps} steps. Loss is each step's training loss (batch-weighted over ranks); "
+        f"'after' covers the {args.window} steps from the change.",
+        ["lr rule", "seed", *headers], twin_rows)
     print()
-    print(markdown_table(["lr rule", "seed", *headers], twin_rows))
-    print()
-    print(f"Real elastic event: horovodrun elastic, 2 -> 4 workers near step {args.change_at}, "
-          f"--batch-policy scale (global batch {args.global_batch} -> "
-          f"{2 * args.global_batch}), same model, lr and seed 0.")
-    print()
-    print(markdown_table(["lr rule", "change at step", *headers], elastic_rows))
+    print_report(
+        f"Real elastic event: horovodrun elastic, 2 -> 4 workers near step {args.change_at}, "
+        f"--batch-policy scale (global batch {args.global_batch} -> "
+        f"{2 * args.global_batch}), same model, lr and seed 0.",
+        ["lr rule", "change at step", *headers], elastic_rows)
 
 
 def figures(records: list, change: int, window: int) -> list:

@@ -15,11 +15,10 @@ import statistics
 import sys
 from pathlib import Path
 
-from common import machine, steady_throughput
+from common import print_report, steady_throughput
 
 from hvd_dynbatch.jobs import run_training_job
 from hvd_dynbatch.launch import Launcher, json_records, run_local
-from hvd_dynbatch.report import markdown_table
 
 HERE = Path(__file__).resolve().parent
 
@@ -65,13 +64,12 @@ def main():
         share = exchange_share.get(name)
         rows.append([name, [round(v) for v in values], rate, f"{rate / base - 1:+.1%}",
                      None if share is None else f"{statistics.median(share):.2%}"])
-    print(f"Equal batches, no slowdown: {args.model} on {args.dataset}, global batch "
-          f"{args.global_batch}, {args.steps} steps, 2 ranks x 1 thread, {args.repeats} runs "
-          f"each in rotating turns; throughput from the median step time of the last 75% of steps.")
-    print(f"Machine: {machine()}")
-    print()
-    print(markdown_table(["loop", "runs (samples/s)", "median (samples/s)",
-                          "vs plain Horovod", "exchange + controller share"], rows))
+    print_report(
+        f"Equal batches, no slowdown: {args.model} on {args.dataset}, global batch "
+        f"{args.global_batch}, {args.steps} steps, 2 ranks x 1 thread, {args.repeats} runs "
+        f"each in rotating turns; throughput from the median step time of the last 75% of steps.",
+        ["loop", "runs (samples/s)", "median (samples/s)",
+         "vs plain Horovod", "exchange + controller share"], rows)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run every benchmark on this machine and write benchmarks/RESULTS.md from what they print
 # (each prints its report on stdout and its progress on stderr).
-# About 10 minutes on 2 cores. Run nothing else meanwhile: the figures are timings.
+# About 20 minutes on 2 cores. Run nothing else meanwhile: the figures are timings.
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-../.venv/bin/python}
@@ -14,7 +14,7 @@ out=RESULTS.md.tmp
     echo "compute thread each; timings on a shared 2-core machine vary by several percent"
     echo "from run to run, so compare figures within one table."
 } >"$out"
-for bench in speedup settling overhead time_to_accuracy; do
+for bench in speedup settling overhead time_to_accuracy elastic_lr abs_compare; do
     echo "running $bench.py ..." >&2
     {
         echo

@@ -17,12 +17,11 @@ import sys
 import statistics
 
 import numpy as np
-from common import machine
+from common import print_report
 
 from hvd_dynbatch.controller import BatchController, ControllerConfig, Rule
 from hvd_dynbatch.heterogeneity import Slowdown
 from hvd_dynbatch.jobs import run_training_job, step_records
-from hvd_dynbatch.report import markdown_table
 from hvd_dynbatch.simulator import ClusterModel, run_adjustments
 
 SETTLED = 1.10
@@ -90,14 +89,13 @@ def main():
         rows.append([f"{rule.value} (cluster model, 5% noise)", *settle_figures(
             [h["split"] for h in history], [h["imbalance"] for h in history], change_at,
             args.global_batch)])
-    print(f"Controller settling: 2 ranks, cnn on synthetic, global batch {args.global_batch}, "
-          f"adjustment every {args.adjust_every} steps, slowdown schedule '{args.schedule}'. "
-          f"Settled means max/min compute time <= {SETTLED}; 'moved' is the share of the "
-          f"global batch that changes rank per adjustment once settled.")
-    print(f"Machine: {machine()}")
-    print()
-    print(markdown_table(["controller", "adjustments to settle", "to settle after the change",
-                          "moved per adjustment when settled", "median imbalance"], rows))
+    print_report(
+        f"Controller settling: 2 ranks, cnn on synthetic, global batch {args.global_batch}, "
+        f"adjustment every {args.adjust_every} steps, slowdown schedule '{args.schedule}'. "
+        f"Settled means max/min compute time <= {SETTLED}; 'moved' is the share of the "
+        f"global batch that changes rank per adjustment once settled.",
+        ["controller", "adjustments to settle", "to settle after the change",
+         "moved per adjustment when settled", "median imbalance"], rows)
 
 
 if __name__ == "__main__":

@@ -12,10 +12,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from common import machine, steady_throughput
+from common import print_report, steady_throughput
 
 from hvd_dynbatch.jobs import run_training_job
-from hvd_dynbatch.report import markdown_table
 
 
 def main():
@@ -56,16 +55,15 @@ def main():
                      f"{speedup:.2f}x", f"{ideal:.2f}x", f"{speedup / ideal:.0%}", split,
                      round(limit), f"{measured['dynamic'] / limit:.0%}"])
         print(f"slowdown {spec}: speedup {speedup:.2f}x, ideal {ideal:.2f}x", file=sys.stderr)
-    print(f"Static vs dynamic batching: {args.model} on {args.dataset}, global batch "
-          f"{args.global_batch}, {args.steps} steps, 2 ranks x 1 thread. Throughput from the "
-          f"median step time of the last 75% of steps. Ideal = sum(r_i) / (n min r_i) with "
-          f"r_i each worker's standalone rate at batch B/n; limit = the sum of standalone "
-          f"rates at the final split's batches, and efficiency = dynamic / limit.")
-    print(f"Machine: {machine()}")
-    print()
-    print(markdown_table(["slowdown", "standalone r_i at B/n", "static (samples/s)",
-                          "dynamic (samples/s)", "speedup", "ideal", "of ideal",
-                          "final split", "limit at final split", "efficiency"], rows))
+    print_report(
+        f"Static vs dynamic batching: {args.model} on {args.dataset}, global batch "
+        f"{args.global_batch}, {args.steps} steps, 2 ranks x 1 thread. Throughput from the "
+        f"median step time of the last 75% of steps. Ideal = sum(r_i) / (n min r_i) with "
+        f"r_i each worker's standalone rate at batch B/n; limit = the sum of standalone "
+        f"rates at the final split's batches, and efficiency = dynamic / limit.",
+        ["slowdown", "standalone r_i at B/n", "static (samples/s)",
+         "dynamic (samples/s)", "speedup", "ideal", "of ideal",
+         "final split", "limit at final split", "efficiency"], rows)
 
 
 if __name__ == "__main__":

@@ -11,11 +11,10 @@ import argparse
 import sys
 import statistics
 
-from common import machine
+from common import print_report
 
 from hvd_dynbatch.demo import DEMO_TRAINING
 from hvd_dynbatch.jobs import run_training_job, summary_of
-from hvd_dynbatch.report import markdown_table
 
 
 def main():
@@ -42,12 +41,12 @@ def main():
         if median["static"] and median["dynamic"]:
             print(f"slowdown {spec}: dynamic reaches {args.target:.0%} "
                   f"{median['static'] / median['dynamic']:.2f}x sooner", file=sys.stderr)
-    print(f"Time to {args.target:.0%} test accuracy on digits (CNN, global batch 512, lr 0.1, "
-          f"momentum 0.9, seed 0), 2 ranks x 1 thread, {args.repeats} runs each; training "
-          f"seconds, evaluation excluded. Machine: {machine()}")
-    print()
-    print(markdown_table(["slowdown", "batching", "time to target per run (s)", "median (s)",
-                          "steps", "accuracy at stop"], rows))
+    print_report(
+        f"Time to {args.target:.0%} test accuracy on digits (CNN, global batch 512, lr 0.1, "
+        f"momentum 0.9, seed 0), 2 ranks x 1 thread, {args.repeats} runs each; training "
+        f"seconds, evaluation excluded.",
+        ["slowdown", "batching", "time to target per run (s)", "median (s)", "steps",
+         "accuracy at stop"], rows)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,5 @@
 """The stack under each launcher: Horovod's world, mpi4py's world, the exchange, failures."""
 import subprocess
-import sys
 import time
 from pathlib import Path
 

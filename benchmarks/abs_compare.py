@@ -1,0 +1,65 @@
+"""Static batching, dynamic batching (pid) and ABS-SGD under the same emulated heterogeneity.
+
+Two ranks train the demo's CNN on the embedded digits with the same global batch (ABS-SGD's
+target batch), learning rate and seed, under a static slowdown and under a fluctuating one
+(a schedule that swaps which rank is slow every few steps). For each: throughput (all
+samples / training time) and the training time to the target test accuracy.
+
+    python benchmarks/abs_compare.py [--target 0.9] [--repeats 2]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+from common import print_report
+
+from hvd_dynbatch.jobs import run_training_job, summary_of
+
+SCENARIOS = {
+    "static 1,4": "1,4",
+    "fluctuating (1,4 and 4,1, swapped every 10 steps)":
+        ";".join(f"{s}:{'1,4' if (s // 10) % 2 == 0 else '4,1'}" for s in range(0, 400, 10)),
+}
+METHODS = {"static": ["--batching", "static"],
+           "dynamic (pid)": ["--batching", "dynamic", "--controller", "pid"],
+           "ABS-SGD": ["--batching", "abs", "--micro-batch", "16"]}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", type=float, default=0.9)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--global-batch", type=int, default=256)
+    args = parser.parse_args()
+    base = ["--model", "cnn", "--dataset", "digits", "--global-batch", str(args.global_batch),
+            "--lr", "0.1", "--momentum", "0.9", "--seed", "0", "--epochs", "60",
+            "--eval-every", "5", "--adjust-every", "3",
+            "--target-accuracy", str(args.target)]
+    rows = []
+    for scenario, slowdown in SCENARIOS.items():
+        for method, options in METHODS.items():
+            runs = []
+            for _ in range(args.repeats):
+                print(f"{scenario}: {method} ...", file=sys.stderr)
+                runs.append(summary_of(run_training_job(
+                    2, [*base, *options, "--slowdown", slowdown])))
+            reached = [r["time_to_target"] for r in runs if r["time_to_target"] is not None]
+            rows.append([scenario, method,
+                         statistics.median(r["samples_per_sec"] for r in runs),
+                         statistics.median(reached) if reached else None,
+                         f"{len(reached)}/{len(runs)}",
+                         statistics.median(r["steps"] for r in runs),
+                         statistics.median(r["final_accuracy"] for r in runs)])
+    print_report(
+        f"Static vs dynamic (pid) vs ABS-SGD: 2 ranks x 1 thread, CNN on digits, global batch "
+        f"(ABS-SGD: target batch) {args.global_batch}, lr 0.1, momentum 0.9, seed 0, "
+        f"{args.repeats} runs each (medians); time to {args.target:.0%} test accuracy is "
+        f"training time, evaluation (every 5 steps) excluded.",
+        ["heterogeneity", "method", "samples/s", "time to target (s)", "runs reaching it",
+         "steps", "accuracy at stop"], rows)
+
+
+if __name__ == "__main__":
+    main()
