@@ -52,7 +52,7 @@ def elastic(rule: str, args, workdir: Path) -> list:
         "--momentum", "0.9", "--seed", "0", "--epochs", "1000", "--max-steps", str(args.steps),
         "--batch-policy", "scale", "--lr-rule", rule, "--slowdown", "8,8,8,8",
         "--eval-every", str(args.steps), "--commit-every", "5", "--no-progress",
-        "--metrics", str(metrics)], capture=False,
+        "--metrics", str(metrics)], log=str(workdir / f"job-{rule}.log"),
         env={"HVD_DYNBATCH_HOSTS_FILE": str(hosts)}, elastic_discovery=DISCOVER,
         min_np=1, max_np=4)
     while proc.poll() is None:
@@ -62,7 +62,8 @@ def elastic(rule: str, args, workdir: Path) -> list:
         time.sleep(0.2)
     result = wait_local(proc, timeout=900)
     if result.returncode != 0:
-        raise SystemExit(f"the {rule} run failed (exit {result.returncode})")
+        tail = (workdir / f"job-{rule}.log").read_text()[-3000:]
+        raise SystemExit(f"the {rule} run failed (exit {result.returncode}):\n{tail}")
     return read_metrics(str(metrics))
 
 

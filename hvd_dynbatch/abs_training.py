@@ -38,9 +38,13 @@ class ABSTrainer(Trainer):
         return optimizer
 
     def _planned_steps(self) -> int:
-        per_epoch = math.ceil(len(self.data.train) / self.cfg.global_batch)
-        steps = self.cfg.epochs * per_epoch
+        steps = self.cfg.epochs * math.ceil(len(self.data.train) / self.cfg.global_batch)
         return steps if self.cfg.max_steps is None else min(steps, self.cfg.max_steps)
+
+    def _epoch(self) -> int:
+        # Each rank passes over its own shard at its own pace; the job's epoch counts target
+        # batches, so that it is the same on every rank.
+        return self.step // math.ceil(len(self.data.train) / self.cfg.global_batch)
 
     def _train_step(self) -> None:
         cfg, started = self.cfg, time.perf_counter()

@@ -101,14 +101,25 @@ class JobResult:
 
 
 def start_local(launcher: Launcher, np: int, argv: Sequence[str], *, capture: bool = True,
-                env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
-                **elastic) -> subprocess.Popen:
-    """Start `argv` as `np` local ranks and return the launcher's process at once."""
-    return subprocess.Popen(
-        local_command(launcher, np, argv, **elastic), env=local_env(extra=env), cwd=cwd,
-        start_new_session=True, text=True, stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE if capture else None,
-        stderr=subprocess.PIPE if capture else None)
+                log: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
+                cwd: Optional[str] = None, **elastic) -> subprocess.Popen:
+    """Start `argv` as `np` local ranks and return the launcher's process at once.
+
+    The job's output is captured (`capture`), written to the file `log`, or else inherited.
+    A long job with much output should use `log`: captured output is only read at the end.
+    """
+    if log is not None:
+        output = open(log, "a", encoding="utf-8")
+    else:
+        output = subprocess.PIPE if capture else None
+    try:
+        return subprocess.Popen(
+            local_command(launcher, np, argv, **elastic), env=local_env(extra=env), cwd=cwd,
+            start_new_session=True, text=True, stdin=subprocess.DEVNULL, stdout=output,
+            stderr=subprocess.STDOUT if log is not None else output)
+    finally:
+        if log is not None:
+            output.close()
 
 
 def wait_local(proc: subprocess.Popen, timeout: float) -> JobResult:

@@ -9,25 +9,22 @@ from __future__ import annotations
 
 from typing import Callable, Dict, Sequence
 
+from torch import nn
+
 from .errors import DynBatchError
+from .resnet import ResNet
 
 
 def _linear(shape, classes):
-    from torch import nn
-
     return nn.Sequential(nn.Flatten(), nn.Linear(_numel(shape), classes))
 
 
 def _mlp(shape, classes):
-    from torch import nn
-
     return nn.Sequential(nn.Flatten(), nn.Linear(_numel(shape), 128), nn.ReLU(),
                          nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, classes))
 
 
 def _cnn(shape, classes):
-    from torch import nn
-
     return nn.Sequential(
         nn.Conv2d(shape[0], 16, 3, padding=1), nn.ReLU(),
         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4),
@@ -43,8 +40,6 @@ def _numel(shape: Sequence[int]) -> int:
 
 def _resnet(blocks: Sequence[int], bottleneck: bool):
     def build(shape, classes):
-        from .resnet import ResNet
-
         return ResNet(blocks, bottleneck, in_channels=shape[0], num_classes=classes,
                       small_input=min(shape[1:]) < 64)
     return build

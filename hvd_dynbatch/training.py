@@ -13,6 +13,9 @@ other ranks does not.
 Every `adjust_every` steps the ranks exchange, in one all-gather, each step's (batch size,
 compute time, loss) and their smoothed compute time; with dynamic batching the controller then
 computes the next split, the same on every rank.
+
+Elastic runs wrap the same loop (`elastic.run_elastic`); ABS-SGD replaces the step
+(`abs_training.ABSTrainer`).
 """
 from __future__ import annotations
 
@@ -182,15 +185,15 @@ class Trainer:
                 if self.step in self._batch_changes:
                     self._exchange()
                     self._set_global_batch(self._batch_changes[self.step])
-                epoch_before = self.sampler.epoch
+                epoch_before = self._epoch()
                 self._train_step()
                 if self.step % cfg.adjust_every == 0 or self.step == total:
                     self._exchange()
                     if progress is not None:
                         progress.update(self.step - progress.n)
                         progress.set_postfix(loss=f"{self.last_loss:.3f}",
-                                             split=",".join(map(str, self.sampler.batch_sizes)))
-                epoch_end = self.sampler.epoch != epoch_before
+                                             split=",".join(map(str, self.last_sizes)))
+                epoch_end = self._epoch() != epoch_before
                 if (cfg.eval_every and self.step % cfg.eval_every == 0) or \
                         (not cfg.eval_every and epoch_end):
                     self._exchange()
@@ -206,6 +209,10 @@ class Trainer:
         finally:
             if progress is not None:
                 progress.close()
+
+    def _epoch(self) -> int:
+        """The epoch the job is in, the same on every rank."""
+        return self.sampler.epoch
 
     def _drain(self) -> None:
         """Complete work still in flight at the end of the run (nothing, here)."""

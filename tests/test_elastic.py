@@ -32,14 +32,15 @@ class ElasticJob:
     """A horovodrun elastic job whose hosts the test changes through a hosts file."""
 
     def __init__(self, tmp_path, hosts, np, args):
-        self.hosts_file = tmp_path / "hosts.txt"
+        self.hosts_file, self.log = tmp_path / "hosts.txt", tmp_path / "job.log"
         self.metrics = tmp_path / "metrics.jsonl"
         self.samples = tmp_path / "samples"
         self.set_hosts(hosts)
         self.proc = start_local(
             Launcher.GLOO, np, [*CLI, *TRAIN, *args, "--metrics", str(self.metrics),
                                 "--sample-log", str(self.samples)],
-            capture=False, env={"HVD_DYNBATCH_HOSTS_FILE": str(self.hosts_file)},
+            log=str(tmp_path / "job.log"),
+            env={"HVD_DYNBATCH_HOSTS_FILE": str(self.hosts_file)},
             elastic_discovery=DISCOVER, min_np=1, max_np=3)
 
     def set_hosts(self, hosts):
@@ -57,7 +58,8 @@ class ElasticJob:
             if condition(self.steps()):
                 return
             if self.proc.poll() is not None:
-                pytest.fail(f"the job ended (exit {self.proc.returncode}) before {what}")
+                pytest.fail(f"the job ended (exit {self.proc.returncode}) before {what}:\n"
+                            f"{self.log.read_text()[-3000:]}")
             time.sleep(0.5)
         kill_tree(self.proc.pid)
         pytest.fail(f"timed out waiting for {what}")
@@ -65,6 +67,7 @@ class ElasticJob:
     def finish(self, timeout=240):
         result = wait_local(self.proc, timeout)
         assert not result.timed_out, "the elastic job did not finish in time"
+        assert result.returncode == 0, self.log.read_text()[-3000:]
         return read_metrics(str(self.metrics))
 
 
