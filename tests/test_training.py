@@ -42,7 +42,7 @@ def test_n_ranks_end_with_the_weights_of_one(reference, tmp_path, launcher, np, 
     steps = [r for r in records if "batch_sizes" in r]
     assert len(steps) == 30
     splits = {tuple(r["batch_sizes"]) for r in steps if r["global_batch"] == 64}
-    assert len(splits) >= 3, f"the controller should have moved the split: {splits}"
+    assert len(splits) >= 2, f"the controller should have moved the split: {splits}"
     assert all(sum(r["batch_sizes"]) == r["global_batch"] for r in steps)
 
     # The timing exchange used mpi4py where Horovod runs on MPI, Horovod itself under Gloo.
