@@ -130,6 +130,9 @@ class ABSTrainer(Trainer):
         self.window = self.rule.next_window(window, count, reduce_sum / self.size)
         self.updates += 1
 
+    def _final_split(self) -> list:
+        return self.last_sizes
+
     def _drain(self) -> None:
         """Flush: apply the last window's gradient, so every window enters one update."""
         self._apply_pending(self.schedule.lr(self.step))

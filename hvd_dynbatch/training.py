@@ -217,6 +217,10 @@ class Trainer:
     def _drain(self) -> None:
         """Complete work still in flight at the end of the run (nothing, here)."""
 
+    def _final_split(self) -> list:
+        """The split the run ended with (not the short last step of an epoch)."""
+        return list(self.sampler.batch_sizes)
+
     def finish(self) -> dict:
         """Write the summary (and the model, on rank 0); return the summary."""
         summary = self._summary()
@@ -352,7 +356,7 @@ class Trainer:
             "final_accuracy": self.accuracy,
             "target_accuracy": cfg.target_accuracy,
             "time_to_target": self.time_to_target,
-            "final_split": self.last_sizes,
+            "final_split": self._final_split(),
             "weights_checksum": int(self.checksums[0]),
             "weights_identical": bool(np.all(self.checksums == self.checksums[0])),
             "config": {k: (v.value if isinstance(v, enum.Enum) else v)
