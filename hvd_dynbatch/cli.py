@@ -155,3 +155,23 @@ def demo(np_, slowdown, target_accuracy):
 
     Slowdown.parse(slowdown).check_world(np_)
     run_demo(np_, slowdown, target_accuracy, echo=click.echo)
+
+
+@main.command()
+@click.argument("metrics", type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="The PNG to write.")
+@click.option("--title", default="", help="A title above the panels.")
+def plot(metrics, output, title):
+    """Plot a metrics file: per-rank batch sizes and compute times, loss, accuracy, lr."""
+    import json
+
+    from .metrics import read_metrics
+    from .plot import plot_run
+
+    try:
+        records = read_metrics(metrics)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise DynBatchError(f"cannot read metrics file {metrics}: {exc}") from None
+    plot_run(records, output, title)
+    click.echo(f"wrote {output}")

@@ -1,0 +1,59 @@
+"""Plots of a run's metrics file: what the split, the timings, the loss and the lr did.
+
+`plot_run(records, path)` draws four panels, one line per rank where there is one: batch size
+per step, compute time per step, training loss (and test accuracy, where evaluated) against
+training time, and the learning rate per step. Elastic resets are marked.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from .errors import DynBatchError
+
+
+def plot_run(records: Sequence[dict], path: str, title: str = "") -> None:
+    """Write a PNG of the run's per-step records to `path`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r for r in records if "batch_sizes" in r]
+    if not steps:
+        raise DynBatchError("the metrics hold no per-step records to plot")
+    evals = [r for r in records if r.get("type") == "eval"]
+    resets = [r["step"] for r in records if r.get("type") == "reset"]
+    x = [r["step"] for r in steps]
+    ranks = max(len(r["batch_sizes"]) for r in steps)
+
+    fig, axes = plt.subplots(2, 2, figsize=(12, 7), constrained_layout=True)
+    for key, ax, label in (("batch_sizes", axes[0, 0], "batch size"),
+                           ("compute_times", axes[0, 1], "compute time (s)")):
+        for rank in range(ranks):
+            ys = [(s, r[key][rank]) for s, r in zip(x, steps) if rank < len(r[key])]
+            ax.plot(*zip(*ys), label=f"rank {rank}", linewidth=1)
+        ax.set_xlabel("step")
+        ax.set_ylabel(label)
+        if ranks <= 8:
+            ax.legend(fontsize="small")
+    loss_ax = axes[1, 0]
+    loss_ax.plot([r["time"] for r in steps], [r["loss"] for r in steps], color="C0",
+                 linewidth=1, label="training loss")
+    loss_ax.set_xlabel("training time (s)")
+    loss_ax.set_ylabel("loss")
+    if evals:
+        acc_ax = loss_ax.twinx()
+        acc_ax.plot([e["time"] for e in evals], [e["accuracy"] for e in evals], "o-",
+                    color="C3", markersize=3, label="test accuracy")
+        acc_ax.set_ylabel("test accuracy")
+    lr_ax = axes[1, 1]
+    lr_ax.plot(x, [r["lr"] for r in steps], linewidth=1)
+    lr_ax.set_xlabel("step")
+    lr_ax.set_ylabel("learning rate")
+    for ax in (axes[0, 0], axes[0, 1], lr_ax):
+        for step in resets:
+            ax.axvline(step, color="grey", linestyle=":", linewidth=1)
+    if title:
+        fig.suptitle(title)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
