@@ -37,14 +37,13 @@ class ABSTrainer(Trainer):
         # The reduction is done here, once per window; no per-backward allreduce.
         return optimizer
 
-    def _planned_steps(self) -> int:
-        steps = self.cfg.epochs * math.ceil(len(self.data.train) / self.cfg.global_batch)
-        return steps if self.cfg.max_steps is None else min(steps, self.cfg.max_steps)
-
-    def _epoch(self) -> int:
+    def _steps_per_epoch(self) -> int:
         # Each rank passes over its own shard at its own pace; the job's epoch counts target
         # batches, so that it is the same on every rank.
-        return self.step // math.ceil(len(self.data.train) / self.cfg.global_batch)
+        return math.ceil(len(self.data.train) / self.cfg.global_batch)
+
+    def _epoch(self) -> int:
+        return self.step // self._steps_per_epoch()
 
     def _train_step(self) -> None:
         cfg, started = self.cfg, time.perf_counter()
@@ -79,14 +78,8 @@ class ABSTrainer(Trainer):
         self._apply_pending(lr)
         self._start_reduction(flat)
         self.optimizer.zero_grad()
-        step_time = time.perf_counter() - started
-        self.train_seconds += step_time
-        self.samples += count
-        self.pending.append((count, compute, loss_sum / count))
-        self.pending_info.append({"step": self.step, "epoch": self.stream.epoch,
-                                  "time": self.train_seconds, "step_time": step_time,
-                                  "lr": lr, "window": self.window})
-        self.step += 1
+        self._record_step(count, compute, loss_sum / count, time.perf_counter() - started,
+                          epoch=self.stream.epoch, lr=lr, window=self.window)
 
     def _start_reduction(self, flat: torch.Tensor) -> None:
         import horovod.torch as hvd

@@ -105,7 +105,7 @@ class Trainer:
         self.generation = 0           # how many times this job has (re)joined a world
         self.train_seconds = 0.0      # the training clock; evaluation does not count
         self.exchange_seconds = 0.0   # of which: timing exchange and controller
-        self.samples = 0
+        self.samples = 0              # all ranks' samples, counted at each exchange
         self.pending = []             # this rank's (batch, compute, loss) since the last exchange
         self.pending_info = []        # the same steps' shared facts, for rank 0's metrics
         self.last_loss = math.nan
@@ -230,8 +230,11 @@ class Trainer:
             _save_atomically(self.model.state_dict(), self.cfg.save_model)
         return summary
 
+    def _steps_per_epoch(self) -> int:
+        return self.sampler.steps_per_epoch()
+
     def _planned_steps(self) -> int:
-        steps = self.cfg.epochs * self.sampler.steps_per_epoch()
+        steps = self.cfg.epochs * self._steps_per_epoch()
         return steps if self.cfg.max_steps is None else min(steps, self.cfg.max_steps)
 
     def _progress_bar(self, total: int):
@@ -271,13 +274,16 @@ class Trainer:
         if plan.sizes == self.sampler.batch_sizes:
             self.timer.record(compute)
         self.optimizer.step()
-        step_time = time.perf_counter() - started
+        self._record_step(plan.sizes[self.rank], compute, loss_value,
+                          time.perf_counter() - started, epoch=plan.epoch, lr=lr)
+
+    def _record_step(self, batch: int, compute: float, loss: float, step_time: float,
+                     **info) -> None:
+        """Close a step: the clock, this rank's facts for the next exchange, the step count."""
         self.train_seconds += step_time
-        self.samples += plan.global_size
-        self.pending.append((plan.sizes[self.rank], compute, loss_value))
-        self.pending_info.append({"step": self.step, "epoch": plan.epoch,
-                                  "time": self.train_seconds, "step_time": step_time,
-                                  "lr": lr})
+        self.pending.append((batch, compute, loss))
+        self.pending_info.append({"step": self.step, "time": self.train_seconds,
+                                  "step_time": step_time, **info})
         self.step += 1
 
     def _exchange(self) -> None:
@@ -294,6 +300,7 @@ class Trainer:
         for k, info in enumerate(self.pending_info):
             sizes, computes, losses = per_step[:, k, 0], per_step[:, k, 1], per_step[:, k, 2]
             self.last_loss = float(np.dot(sizes, losses) / sizes.sum())
+            self.samples += int(sizes.sum())
             self.metrics.write({**info, "world_size": self.size,
                                 "global_batch": int(sizes.sum()),
                                 "batch_sizes": sizes.astype(int).tolist(),

@@ -90,6 +90,8 @@ def test_each_update_is_the_sample_weighted_mean_of_the_previous_window(tmp_path
     assert summary["weights_identical"], "ranks ended with different weights"
     steps = [r for r in records if "batch_sizes" in r]
     assert [r["global_batch"] for r in steps] == [len(windows[k]) for k in range(STEPS)]
+    # Throughput counts every rank's samples, not rank 0's.
+    assert summary["samples"] == sum(len(w) for w in windows.values())
     # Rank 1 emulates a worker 3 times slower: it gets through fewer micro-batches.
     later = steps[2:]
     assert sum(r["batch_sizes"][0] for r in later) > 1.5 * sum(r["batch_sizes"][1]
