@@ -21,12 +21,6 @@ def steady_throughput(records: list, skip_fraction: float = 0.25) -> float:
     return batch / statistics.median(r["step_time"] for r in kept)
 
 
-def median_compute(records: list, rank: int, skip_fraction: float = 0.25) -> float:
-    steps = step_records(records)
-    return statistics.median(r["compute_times"][rank]
-                             for r in steps[int(len(steps) * skip_fraction):])
-
-
 def print_report(description: str, headers: list, rows: list) -> None:
     """A benchmark's report on stdout: what was run, on what machine, and its table."""
     from hvd_dynbatch.report import markdown_table

@@ -99,7 +99,6 @@ class Trainer:
         self.samples_log = SampleLog(config.sample_log)
         self._batch_changes = dict(config.batch_schedule)
         self.rank, self.size = comm.rank, comm.size
-        self.emulator = Emulator(self.slowdown, self.rank)
 
         self.step = 0
         self.generation = 0           # how many times this job has (re)joined a world
