@@ -14,6 +14,7 @@ from .config import Batching, BatchPolicy
 from .controller import Rule
 from .errors import DynBatchError
 from .lr import RULES
+from .simulator import RateDistribution
 
 
 class _Group(click.Group):
@@ -175,3 +176,63 @@ def plot(metrics, output, title):
         raise DynBatchError(f"cannot read metrics file {metrics}: {exc}") from None
     plot_run(records, output, title)
     click.echo(f"wrote {output}")
+
+
+@main.command()
+@click.option("--workers", default="8,64,256,1024,4096", show_default=True,
+              callback=_int_list, help="Worker counts to simulate, comma-separated.")
+@click.option("--rule", "rules", multiple=True, type=click.Choice([r.value for r in Rule]),
+              help="Controller rule(s) [default: both].")
+@click.option("--rates", type=click.Choice([d.value for d in RateDistribution]),
+              default="lognormal", show_default=True,
+              help="How worker speeds spread: lognormal, log-uniform, or three hardware "
+                   "generations in equal shares.")
+@click.option("--spread", default=4.0, show_default=True,
+              help="Fastest worker's rate over the slowest's.")
+@click.option("--noise", default=0.05, show_default=True,
+              help="Relative standard deviation of each step's compute time.")
+@click.option("--steps-per-adjustment", default=5, show_default=True,
+              help="Steps between adjustments (the controller sees each worker's median).")
+@click.option("--adjustments", default=30, show_default=True)
+@click.option("--batch-per-worker", default=64, show_default=True,
+              help="Global batch = this x the starting worker count.")
+@click.option("--overhead", default=0.0, show_default=True,
+              help="Fixed seconds per step on every worker, besides the per-sample work.")
+@click.option("--gradient-mb", default=100.0, show_default=True,
+              help="Gradient size allreduced per step, MB (ResNet-50: about 100).")
+@click.option("--bandwidth-gbps", default=100.0, show_default=True,
+              help="Link bandwidth of the ring allreduce, Gbit/s.")
+@click.option("--latency-us", default=5.0, show_default=True,
+              help="Latency per allreduce message, microseconds.")
+@click.option("--events", help="Changes during the run, e.g. "
+                               "'10:slow=0.1@2;20:leave=0.25;30:join=0.25' (at adjustment "
+                               "10, 10% of the workers become 2x slower; ...).")
+@click.option("--target", default=0.95, show_default=True,
+              help="Efficiency against the ideal split that counts as settled.")
+@click.option("--seed", default=0, show_default=True)
+def simulate(workers, rules, rates, spread, noise, steps_per_adjustment, adjustments,
+             batch_per_worker, overhead, gradient_mb, bandwidth_gbps, latency_us, events,
+             target, seed):
+    """Run the batch controller against a simulated cluster of many workers."""
+    from tqdm import tqdm
+
+    from .scale import scale_study
+    from .simulator import Event, RingAllreduce, Scenario
+
+    if not workers or min(workers) < 1:
+        raise DynBatchError("--workers needs positive worker counts, e.g. 8,64,1024")
+    for name, value in (("--steps-per-adjustment", steps_per_adjustment),
+                        ("--adjustments", adjustments), ("--batch-per-worker", batch_per_worker)):
+        if value < 1:
+            raise DynBatchError(f"{name} must be at least 1, got {value}")
+    if noise < 0 or overhead < 0 or gradient_mb < 0 or latency_us < 0 or bandwidth_gbps <= 0:
+        raise DynBatchError("--noise, --overhead, --gradient-mb and --latency-us must not be "
+                            "negative, and --bandwidth-gbps must be positive")
+    if not 0 < target <= 1:
+        raise DynBatchError(f"--target must be in (0, 1], got {target}")
+    base = Scenario(workers[0], RateDistribution(rates), spread, noise, steps_per_adjustment,
+                    adjustments, batch_per_worker, overhead,
+                    RingAllreduce(gradient_mb * 1e6, bandwidth_gbps * 1e9 / 8, latency_us * 1e-6),
+                    tuple(Event.parse_schedule(events)), seed)
+    click.echo(scale_study(base, workers, rules or list(Rule), target,
+                           lambda runs: tqdm(runs, desc="simulating", disable=None)))

@@ -14,15 +14,20 @@ The refined rule ("pid", the default) treats the proportional target as the set-
 controller acting on a continuous allocation y (floats summing to B; the integer split is y
 rounded), with ideas from PID control:
 
-* gain scheduling and damping: while the imbalance max(t)/min(t) - 1 is above
-  `fast_threshold` (a real change of speed, not noise) y jumps to the target as in "p";
-  below it y moves only a fraction `gain` of the way, so timing noise is filtered rather than
-  chased and the split does not oscillate;
+* filtered rates: each worker's rate is the running mean of its last `memory` readings, so
+  with many workers the target is not set by whichever readings the noise made extreme (at
+  1024 workers and 5% noise, the unfiltered split keeps a noise-free max/min of about 1.4);
+  a reading more than `change_threshold` off the estimate restarts that worker's mean, because
+  its speed really changed and old readings would only slow the response;
+* gain scheduling and damping: while the imbalance predicted from the filtered rates,
+  max(b_i / r_i) / min(b_i / r_i) - 1, is above `fast_threshold` (a real change of speed) y
+  jumps to the target as in "p"; below it y moves only a fraction `gain` of the way, so what
+  noise is left is filtered rather than chased and the split does not oscillate;
 * integral: below `fast_threshold`, each worker's error (target - y, in samples) is
   accumulated while it keeps its sign and reset when the sign flips or a fast step is taken
   (anti-windup), and `integral_gain` times it is added, so an error that persists under
   damping is removed in a few adjustments while noise, whose sign flips, does not build up;
-* dead-band: nothing changes while the imbalance is below `deadband`;
+* dead-band: nothing changes while the predicted imbalance is below `deadband`;
 * a step limit: one adjustment moves a worker's batch by at most `max_change * B` samples, so
   one bad reading cannot wreck the split;
 * bounds: every worker's batch stays within [min_batch, max_batch] (a memory cap), and the
@@ -60,6 +65,9 @@ class ControllerConfig:
     deadband: imbalance max(t)/min(t) - 1 below which nothing changes ("pid").
     fast_threshold: imbalance above which the full proportional step is taken ("pid").
     max_change: largest change of one worker's batch per adjustment, as a fraction of B ("pid").
+    memory: readings averaged into one worker's rate estimate at most ("pid").
+    change_threshold: relative distance of a reading from the estimate that restarts the
+        average, a real change of the worker's speed ("pid").
     """
 
     global_batch: int
@@ -71,6 +79,8 @@ class ControllerConfig:
     deadband: float = 0.05
     fast_threshold: float = 0.5
     max_change: float = 0.5
+    memory: int = 8
+    change_threshold: float = 0.25
 
     def __post_init__(self):
         object.__setattr__(self, "rule", Rule(self.rule))
@@ -85,7 +95,9 @@ class ControllerConfig:
             value = getattr(self, name)
             if not 0 < value <= 1:
                 raise DynBatchError(f"{name} must be in (0, 1], got {value}")
-        for name in ("integral_gain", "deadband", "fast_threshold"):
+        if self.memory < 1:
+            raise DynBatchError(f"memory must be at least 1 reading, got {self.memory}")
+        for name in ("integral_gain", "deadband", "fast_threshold", "change_threshold"):
             if getattr(self, name) < 0:
                 raise DynBatchError(f"{name} must not be negative, got {getattr(self, name)}")
 
@@ -162,18 +174,23 @@ class ControllerState:
 
     allocation: Optional[np.ndarray] = None   # y: continuous batch sizes, sum B
     integral: Optional[np.ndarray] = None     # accumulated same-sign error, samples
+    rates: Optional[np.ndarray] = None        # filtered rate per worker, samples/s
+    readings: Optional[np.ndarray] = None     # readings in each worker's running mean
     adjustments: int = 0
+
+    _ARRAYS = ("allocation", "integral", "rates", "readings")
 
     def state_dict(self) -> dict:
         """Plain Python values, for checkpoints and Horovod's elastic state."""
-        as_list = lambda a: None if a is None else [float(x) for x in a]  # noqa: E731
-        return {"allocation": as_list(self.allocation), "integral": as_list(self.integral),
-                "adjustments": self.adjustments}
+        out = {name: None if getattr(self, name) is None
+               else [float(x) for x in getattr(self, name)] for name in self._ARRAYS}
+        return {**out, "adjustments": self.adjustments}
 
     @classmethod
     def from_state_dict(cls, d: dict) -> "ControllerState":
-        as_array = lambda v: None if v is None else np.asarray(v, dtype=np.float64)  # noqa: E731
-        return cls(as_array(d["allocation"]), as_array(d["integral"]), int(d["adjustments"]))
+        arrays = {name: None if d[name] is None else np.asarray(d[name], dtype=np.float64)
+                  for name in cls._ARRAYS}
+        return cls(**arrays, adjustments=int(d["adjustments"]))
 
 
 @dataclass
@@ -222,12 +239,16 @@ class BatchController:
                 or np.any(np.abs(st.allocation - b) >= 1)):
             # First call, a new worker set, or a split set from outside: start from what ran.
             st.allocation, st.integral = b.copy(), np.zeros(n)
+            st.rates, st.readings = rates.copy(), np.ones(n)
+        else:
+            self._filter(rates)
         st.adjustments += 1
-        spread = t.max() / t.min() - 1
+        predicted = b / st.rates
+        spread = predicted.max() / predicted.min() - 1
         if spread < cfg.deadband:
             st.integral = np.zeros(n)
             return st.allocation
-        error = total * rates / rates.sum() - st.allocation
+        error = total * st.rates / st.rates.sum() - st.allocation
         if spread > cfg.fast_threshold:
             # A real change: take the whole proportional step and integrate nothing.
             st.integral = np.zeros(n)
@@ -241,6 +262,13 @@ class BatchController:
         hi = np.inf if cfg.max_batch is None else float(cfg.max_batch)
         st.allocation = _water_fill(np.maximum(proposal, 1e-9), total, float(cfg.min_batch), hi)
         return st.allocation
+
+    def _filter(self, rates: np.ndarray) -> None:
+        """Fold one reading per worker into its running mean, restarting it on a real change."""
+        st = self.state
+        changed = np.abs(rates / st.rates - 1) > self.config.change_threshold
+        st.readings = np.where(changed, 1.0, np.minimum(st.readings + 1, self.config.memory))
+        st.rates = np.where(changed, rates, st.rates + (rates - st.rates) / st.readings)
 
     def _round(self, allocation: np.ndarray) -> np.ndarray:
         cfg = self.config

@@ -1,0 +1,65 @@
+"""The scale study behind `hvd-dynbatch simulate`: the controller on simulated clusters of
+many sizes, reported as Markdown tables.
+
+For each worker count and rule it runs one `Scenario` (same rates distribution, noise,
+allreduce and event schedule, the global batch scaled with the worker count) and reports how
+many adjustments the split needs to reach the target efficiency, the efficiency it then holds,
+the static (even) split's efficiency for comparison, and the controller's compute time per
+adjustment. Events get a second table: the same figures for each segment after an event.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Iterable, Sequence
+
+from .controller import Rule
+from .report import markdown_table
+from .simulator import Scenario, simulate
+
+
+def scale_study(base: Scenario, worker_counts: Sequence[int], rules: Sequence[Rule],
+                target: float, progress: Callable[[Iterable], Iterable] = iter) -> str:
+    """Markdown tables of `simulate` over `worker_counts` x `rules`, `base` giving the rest.
+
+    `progress` wraps the iterable of runs (for a progress bar).
+    """
+    runs = [(n, Rule(rule)) for n in worker_counts for rule in rules]
+    rows, event_rows = [], []
+    for workers, rule in progress(runs):
+        scenario = dataclasses.replace(base, workers=workers)
+        result = simulate(scenario, rule, target)
+        first, *after_events = result["segments"]
+        allreduce_ms = scenario.allreduce.seconds(workers) * 1e3
+        rows.append([workers, rule.value, first["settle"], _pct(first["noise_free_efficiency"]),
+                     _pct(first["efficiency"]), _pct(first["static_efficiency"]),
+                     f"{first['efficiency'] / first['static_efficiency']:.2f}x",
+                     f"{allreduce_ms:.2f}", f"{result['controller_seconds'] * 1e3:.3f}",
+                     f"{result['controller_seconds_max'] * 1e3:.3f}"])
+        for event, segment in zip(_events_by_start(base), after_events):
+            event_rows.append([workers, rule.value, event, segment["workers"],
+                               segment["settle"], _pct(segment["noise_free_efficiency"]),
+                               _pct(segment["efficiency"]), _pct(segment["static_efficiency"])])
+    tables = [markdown_table(
+        ["workers", "rule", f"adjustments to >= {target:.0%}", "efficiency (noise-free)",
+         "efficiency (with noise)", "static efficiency", "speedup over static",
+         "allreduce ms", "controller ms (median)", "controller ms (max)"], rows)]
+    if event_rows:
+        tables.append(markdown_table(
+            ["workers", "rule", "event", "workers after", f"adjustments to >= {target:.0%}",
+             "efficiency (noise-free)", "efficiency (with noise)", "static efficiency"],
+            event_rows))
+    return "\n\n".join(tables)
+
+
+def _events_by_start(scenario: Scenario) -> list:
+    """One label per segment start after 0, joining events that start together."""
+    starts = {}
+    for e in scenario.events:
+        if e.at < scenario.adjustments:
+            label = f"{e.kind.value} {e.fraction:g}" + (f" x{e.factor:g}" if e.factor != 1 else "")
+            starts.setdefault(e.at, []).append(label)
+    return [f"at {at}: " + ", ".join(labels) for at, labels in sorted(starts.items())]
+
+
+def _pct(value: float) -> str:
+    return f"{value:.1%}"

@@ -1,0 +1,96 @@
+"""The cluster model and the scale study: the allreduce cost, rate spreads, events, and the
+issue's scale targets for the controller (one process, no Horovod)."""
+import subprocess
+
+import numpy as np
+import pytest
+
+from hvd_dynbatch.controller import Rule
+from hvd_dynbatch.errors import DynBatchError
+from hvd_dynbatch.launch import local_env
+from hvd_dynbatch.simulator import (Event, EventKind, RateDistribution, RingAllreduce,
+                                    Scenario, simulate, worker_rates)
+from launcher import CLI
+
+
+def test_ring_allreduce_cost():
+    ring = RingAllreduce(gradient_bytes=1e8, bandwidth=1e10, latency=1e-5)
+    assert ring.seconds(1) == 0
+    assert ring.seconds(2) == pytest.approx(2 * 1e-5 + 1e8 / 1e10)
+    assert ring.seconds(1000) == pytest.approx(2 * 999 * 1e-5 + 2 * 999 / 1000 * 1e-2)
+
+
+@pytest.mark.parametrize("distribution", list(RateDistribution))
+def test_rates_span_the_spread(distribution):
+    rates = worker_rates(3000, distribution, 4.0, np.random.default_rng(0), slowest=10.0)
+    assert rates.min() >= 10.0 - 1e-9 and rates.max() <= 40.0 + 1e-9
+    assert rates.max() / rates.min() > 3.5
+    if distribution is RateDistribution.GENERATIONS:
+        assert sorted(np.unique(np.round(rates, 6))) == pytest.approx([10.0, 20.0, 40.0])
+
+
+def test_events_parse_and_change_the_cluster():
+    events = Event.parse_schedule("30:join=0.5; 10:slow=0.25@2;20:leave=0.25")
+    assert [(e.at, e.kind, e.fraction, e.factor) for e in events] == [
+        (10, EventKind.SLOW, 0.25, 2.0), (20, EventKind.LEAVE, 0.25, 1.0),
+        (30, EventKind.JOIN, 0.5, 1.0)]
+    cluster = Scenario(8, events=tuple(events)).cluster()
+    before, slowed = cluster.rates_at(0), cluster.rates_at(10)
+    assert np.sum(slowed < before) == 2 and np.allclose(slowed[slowed < before] * 2,
+                                                        before[slowed < before])
+    assert [cluster.rates_at(k).size for k in (19, 20, 30)] == [8, 6, 9]
+
+
+@pytest.mark.parametrize("spec", ["10:slow=0.1", "0:leave=0.5", "5:join=2", "5:grow=0.1",
+                                  "five:leave=0.1", "5:leave"])
+def test_bad_events_are_refused(spec):
+    with pytest.raises(DynBatchError):
+        Event.parse_schedule(spec)
+
+
+def test_workers_that_join_or_leave_restart_from_an_even_split():
+    result = simulate(Scenario(16, adjustments=20, events=tuple(
+        Event.parse_schedule("10:leave=0.25"))), Rule.PID)
+    history = result["history"]
+    assert [h["workers"] for h in (history[9], history[10])] == [16, 12]
+    assert history[10]["split"].tolist() == [16 * 64 // 12 + (i < 16 * 64 % 12)
+                                            for i in range(12)]
+    assert all(h["split"].sum() == 16 * 64 for h in history)
+    assert [s["start"] for s in result["segments"]] == [0, 10]
+
+
+def test_scale_targets_at_1024_workers():
+    """4x lognormal spread, 5% noise: "pid" holds >= 95% of the ideal (noise-free) within 10
+    adjustments; unfiltered "p" never gets there (its split follows each noisy reading)."""
+    scenario = Scenario(1024, RateDistribution.LOGNORMAL, spread=4.0, noise=0.05,
+                        adjustments=20, seed=3)
+    pid, p = (simulate(scenario, rule)["segments"][0] for rule in (Rule.PID, Rule.P))
+    assert pid["settle"] is not None and pid["settle"] <= 10, pid
+    assert pid["noise_free_efficiency"] >= 0.95 and pid["efficiency"] >= 0.95
+    assert pid["efficiency"] / pid["static_efficiency"] > 1.5
+    assert p["settle"] is None and p["noise_free_efficiency"] < pid["noise_free_efficiency"]
+
+
+def test_simulate_command_prints_tables():
+    out = subprocess.run([*CLI, "simulate", "--workers", "8,32", "--adjustments", "12",
+                          "--events", "6:leave=0.25"], env=local_env(), capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert sum(line.startswith(("| 8 ", "| 32 ")) for line in lines) == 8, out.stdout
+    assert any("at 6: leave 0.25" in line and "| 24 " in line for line in lines), out.stdout
+
+
+@pytest.mark.parametrize("args, text", [
+    (["--workers", "0"], "--workers needs positive worker counts"),
+    (["--events", "3:boom=1"], "cannot read event"),
+    (["--spread", "0.5"], "the rate spread must be at least 1"),
+    (["--noise", "-1"], "must not be negative"),
+    (["--workers", "8", "--batch-per-worker", "1", "--events", "2:join=1"],
+     "workers for a global batch of 8"),
+])
+def test_simulate_bad_input_is_one_clear_line(args, text):
+    out = subprocess.run([*CLI, "simulate", *args], env=local_env(), capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2 and text in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
