@@ -35,3 +35,11 @@ def machine() -> str:
     """One line that says what the figures were measured on."""
     return (f"{platform.node()}: {os.cpu_count()} cores, {platform.machine()}, "
             f"Python {platform.python_version()}, {platform.platform(terse=True)}")
+
+
+def time_to_accuracy(records: list, target: float):
+    """Training seconds at the first evaluation that reached `target`, or None."""
+    for r in records:
+        if r.get("type") == "eval" and r["accuracy"] >= target:
+            return r["time"]
+    return None

@@ -159,22 +159,30 @@ def demo(np_, slowdown, target_accuracy):
 
 
 @main.command()
-@click.argument("metrics", type=click.Path(exists=True, dir_okay=False))
+@click.argument("metrics", nargs=-1, required=True,
+                type=click.Path(exists=True, dir_okay=False))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
               help="The PNG to write.")
 @click.option("--title", default="", help="A title above the panels.")
 def plot(metrics, output, title):
-    """Plot a metrics file: per-rank batch sizes and compute times, loss, accuracy, lr."""
+    """Plot metrics files. One: per-rank batch sizes and compute times, loss, accuracy, lr.
+    Several: their loss, accuracy and lr side by side, each named by its file."""
     import json
+    from pathlib import Path
 
     from .metrics import read_metrics
-    from .plot import plot_run
+    from .plot import plot_comparison, plot_run
 
-    try:
-        records = read_metrics(metrics)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise DynBatchError(f"cannot read metrics file {metrics}: {exc}") from None
-    plot_run(records, output, title)
+    runs = {}
+    for path in metrics:
+        try:
+            runs[Path(path).stem] = read_metrics(path)
+        except (OSError, json.JSONDecodeError) as exc:
+            raise DynBatchError(f"cannot read metrics file {path}: {exc}") from None
+    if len(runs) == 1:
+        plot_run(next(iter(runs.values())), output, title)
+    else:
+        plot_comparison(runs, output, title)
     click.echo(f"wrote {output}")
 
 

@@ -129,11 +129,13 @@ class TrainConfig:
         if self.slowdown:
             Slowdown.parse(self.slowdown)
 
-    def controller_config(self, global_batch: Optional[int] = None) -> ControllerConfig:
-        """The controller's settings, for `global_batch` (default: the configured one)."""
+    def controller_config(self, global_batch: Optional[int] = None,
+                          least_batch: int = 1) -> ControllerConfig:
+        """The controller's settings, for `global_batch` (default: the configured one), with
+        the minimum batch raised to `least_batch` (what the model can train on)."""
         return ControllerConfig(global_batch=global_batch or self.global_batch,
-                                min_batch=self.min_batch, max_batch=self.max_batch,
-                                rule=self.controller)
+                                min_batch=max(self.min_batch, least_batch),
+                                max_batch=self.max_batch, rule=self.controller)
 
     def base_schedule(self) -> BaseSchedule:
         return BaseSchedule(self.warmup_steps, self.lr_decay_steps, self.lr_decay)

@@ -11,6 +11,8 @@ for. The backward pass has not run at that point, so its length is estimated fro
 previous step's backward-to-forward ratio.
 
 Spec syntax: "1,1,2,4" (from step 0 on), or "0:1,4;50:4,1;80:1,1" (factors from each step on).
+`preset_factors` turns the papers' set-ups into factors: heterogeneity levels "HL4" (the
+fastest worker 4 times the slowest) and CPU-core splits "cores:6/6/4/32".
 """
 from __future__ import annotations
 
@@ -67,6 +69,33 @@ class Slowdown:
 
     def factor(self, step: int, rank: int) -> float:
         return self.factors[bisect.bisect_right(self.starts, step) - 1][rank]
+
+
+def preset_factors(preset: str, ranks: int = 2) -> tuple:
+    """Slowdown factors for a named set-up of heterogeneous workers.
+
+    "HL<k>" (heterogeneity level k): `ranks` workers whose speeds are spaced evenly on a log
+    scale from the fastest to k times slower; HL1 is a homogeneous cluster.
+    "cores:<c1>/<c2>/...": one worker per entry, as fast as its CPU core count (training
+    throughput taken as proportional to cores), so factor_i = max(c) / c_i; the set-ups of
+    Tyagi & Sharma compare 12/12/12/12 with 6/6/4/32, the same 48 cores split unevenly.
+    """
+    name = preset.strip()
+    try:
+        if name.upper().startswith("HL"):
+            level = float(name[2:])
+            if not math.isfinite(level) or level < 1 or ranks < 1:
+                raise ValueError
+            return tuple(round(level ** (i / max(ranks - 1, 1)), 3) for i in range(ranks))
+        if name.startswith("cores:"):
+            cores = [int(c) for c in name[len("cores:"):].split("/")]
+            if min(cores) < 1:
+                raise ValueError
+            return tuple(round(max(cores) / c, 3) for c in cores)
+    except ValueError:
+        pass
+    raise DynBatchError(f"unknown heterogeneity preset '{preset}': expected HL<k> with k >= 1 "
+                        f"(e.g. HL4) or cores:<c1>/<c2>/... (e.g. cores:6/6/4/32)")
 
 
 class Emulator:

@@ -70,3 +70,10 @@ def build_model(name: str, input_shape: Sequence[int], num_classes: int):
         raise DynBatchError(f"unknown model '{name}'; choose one of {', '.join(MODELS)} "
                             f"or torchvision:NAME")
     return MODELS[name](tuple(input_shape), num_classes)
+
+
+def least_batch(model: nn.Module) -> int:
+    """The smallest batch `model` can train on: 2 with batch norm (whose statistics need more
+    than one sample per channel), else 1."""
+    has_batch_norm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    return 2 if has_batch_norm else 1

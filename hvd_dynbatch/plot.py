@@ -3,24 +3,36 @@
 `plot_run(records, path)` draws four panels, one line per rank where there is one: batch size
 per step, compute time per step, training loss (and test accuracy, where evaluated) against
 training time, and the learning rate per step. Elastic resets are marked.
+`plot_comparison(runs, path)` puts several runs side by side, one line per run: training loss
+and test accuracy against training time, and the learning rate per step.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Dict, Optional, Sequence
 
 from .errors import DynBatchError
 
 
-def plot_run(records: Sequence[dict], path: str, title: str = "") -> None:
-    """Write a PNG of the run's per-step records to `path`."""
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _step_records(records: Sequence[dict]) -> list:
     steps = [r for r in records if "batch_sizes" in r]
     if not steps:
         raise DynBatchError("the metrics hold no per-step records to plot")
+    return steps
+
+
+def plot_run(records: Sequence[dict], path: str, title: str = "") -> None:
+    """Write a PNG of the run's per-step records to `path`."""
+    plt = _pyplot()
+    steps = _step_records(records)
     evals = [r for r in records if r.get("type") == "eval"]
     resets = [r["step"] for r in records if r.get("type") == "reset"]
     x = [r["step"] for r in steps]
@@ -53,6 +65,34 @@ def plot_run(records: Sequence[dict], path: str, title: str = "") -> None:
     for ax in (axes[0, 0], axes[0, 1], lr_ax):
         for step in resets:
             ax.axvline(step, color="grey", linestyle=":", linewidth=1)
+    if title:
+        fig.suptitle(title)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_comparison(runs: Dict[str, Sequence[dict]], path: str, title: str = "",
+                    mark_step: Optional[int] = None) -> None:
+    """Write a PNG comparing runs (name -> metrics records) to `path`; `mark_step` draws a
+    vertical line on the learning-rate panel (a change of the global batch, say)."""
+    plt = _pyplot()
+    fig, (loss_ax, acc_ax, lr_ax) = plt.subplots(1, 3, figsize=(15, 4.5), constrained_layout=True)
+    for name, records in runs.items():
+        steps = _step_records(records)
+        evals = [r for r in records if r.get("type") == "eval"]
+        loss_ax.plot([r["time"] for r in steps], [r["loss"] for r in steps], linewidth=1,
+                     label=name)
+        acc_ax.plot([e["time"] for e in evals], [e["accuracy"] for e in evals], "o-",
+                    markersize=2, linewidth=1, label=name)
+        lr_ax.plot([r["step"] for r in steps], [r["lr"] for r in steps], linewidth=1,
+                   label=name)
+    loss_ax.set(xlabel="training time (s)", ylabel="training loss", yscale="log")
+    acc_ax.set(xlabel="training time (s)", ylabel="test accuracy")
+    lr_ax.set(xlabel="step", ylabel="learning rate")
+    if mark_step is not None:
+        lr_ax.axvline(mark_step, color="grey", linestyle=":", linewidth=1)
+    for ax in (loss_ax, acc_ax, lr_ax):
+        ax.legend(fontsize="small")
     if title:
         fig.suptitle(title)
     fig.savefig(path, dpi=100)

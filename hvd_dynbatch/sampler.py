@@ -8,6 +8,9 @@ state there is, and it can be saved and restored.
 
 The last step of an epoch takes what is left (fewer than B samples), split in proportion to
 the current batch sizes, so a rank can get an empty slice there; `drop_last=True` skips it.
+A model with batch norm cannot train on one sample, so `min_share` makes every non-empty
+slice at least that large (a slice too small goes to the rank with the most); fewer than
+`min_share` samples left are skipped, as `drop_last` would.
 Pure arithmetic: no communication, no Horovod.
 """
 from __future__ import annotations
@@ -44,10 +47,11 @@ class VariableBatchSampler:
     """
 
     def __init__(self, dataset_size: int, rank: int, batch_sizes: Sequence[int], seed: int = 0,
-                 drop_last: bool = False):
+                 drop_last: bool = False, min_share: int = 1):
         if dataset_size < 1:
             raise DynBatchError(f"the dataset is empty (size {dataset_size})")
         self.dataset_size = int(dataset_size)
+        self.min_share = int(min_share)
         self.rank = int(rank)
         self.seed = int(seed)
         self.drop_last = drop_last
@@ -76,7 +80,7 @@ class VariableBatchSampler:
 
     def steps_per_epoch(self) -> int:
         full, rest = divmod(self.dataset_size, self.global_batch)
-        return full + (1 if rest and not self.drop_last else 0)
+        return full + (1 if rest >= max(self.min_share, 1) and not self.drop_last else 0)
 
     def permutation(self, epoch: int) -> np.ndarray:
         """The epoch's order of samples, the same on every rank."""
@@ -88,11 +92,11 @@ class VariableBatchSampler:
     def next_step(self) -> StepPlan:
         """The next step's plan; advances the position (rolling over to the next epoch)."""
         left = self.dataset_size - self.offset
-        if left < self.global_batch and self.drop_last:
+        if left < self.global_batch and (self.drop_last or left < self.min_share):
             self.epoch, self.offset, left = self.epoch + 1, 0, self.dataset_size
         sizes = self._sizes
         if left < self.global_batch:
-            sizes = tuple(int(s) for s in apportion(sizes, left, lower=0))
+            sizes = self._short_step(left)
         start = self.offset + sum(sizes[:self.rank])
         indices = self.permutation(self.epoch)[start:start + sizes[self.rank]]
         plan = StepPlan(self.epoch, self.offset, sizes, indices)
@@ -100,6 +104,16 @@ class VariableBatchSampler:
         if self.offset >= self.dataset_size:
             self.epoch, self.offset = self.epoch + 1, 0
         return plan
+
+    def _short_step(self, left: int) -> tuple:
+        """The split of an epoch's last `left` samples: in proportion to the batch sizes, then
+        slices below `min_share` handed to the rank with the most."""
+        sizes = [int(s) for s in apportion(self._sizes, left, lower=0)]
+        small = [i for i, s in enumerate(sizes) if 0 < s < self.min_share]
+        for i in sorted(small, key=lambda k: (sizes[k], k)):
+            largest = max(range(len(sizes)), key=lambda k: (sizes[k], -k))
+            sizes[largest], sizes[i] = sizes[largest] + sizes[i], 0
+        return tuple(sizes)
 
     def __iter__(self) -> Iterator[list]:
         epoch = self.epoch

@@ -38,7 +38,7 @@ from .data import load_dataset
 from .heterogeneity import Emulator, Slowdown
 from .lr import LRSchedule, scaling_rule
 from .metrics import MetricsWriter, SampleLog
-from .models import build_model
+from .models import build_model, least_batch
 from .sampler import VariableBatchSampler
 from .timing import StepTimer
 
@@ -90,10 +90,11 @@ class Trainer:
         self.schedule = LRSchedule(config.lr, config.global_batch,
                                    scaling_rule(config.lr_rule, config.smooth_steps),
                                    config.base_schedule())
-        self.controller = BatchController(config.controller_config())
+        self.least_batch = least_batch(self.model)
+        self.controller = BatchController(config.controller_config(least_batch=self.least_batch))
         self.sampler = VariableBatchSampler(len(self.data.train), 0,
                                             self.controller.initial_split(comm.size),
-                                            config.seed)
+                                            config.seed, min_share=self.least_batch)
         self.timer = StepTimer(config.timing_window)
         self.metrics = MetricsWriter(None)
         self.samples_log = SampleLog(config.sample_log)
@@ -156,7 +157,8 @@ class Trainer:
         `first_split(size, controller)` if given, else even. Local: no collective.
         """
         state = self.controller.state if split is not None else ControllerState()
-        self.controller = BatchController(self.cfg.controller_config(batch), state)
+        self.controller = BatchController(self.cfg.controller_config(batch, self.least_batch),
+                                          state)
         if split is not None:
             split = np.asarray(split)
         elif first_split is not None:

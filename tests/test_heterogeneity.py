@@ -5,7 +5,7 @@ import time
 import pytest
 
 from hvd_dynbatch.errors import DynBatchError
-from hvd_dynbatch.heterogeneity import Emulator, Slowdown
+from hvd_dynbatch.heterogeneity import Emulator, Slowdown, preset_factors
 from hvd_dynbatch.timing import StepTimer
 from hvd_dynbatch.weighting import batch_weight
 
@@ -59,3 +59,16 @@ def test_batch_weight_is_the_share_of_the_step():
     assert batch_weight(0, 5) == 0.0
     with pytest.raises(DynBatchError):
         batch_weight(33, 32)
+
+
+@pytest.mark.parametrize("preset, ranks, factors", [
+    ("HL1", 4, (1, 1, 1, 1)), ("HL4", 2, (1, 4)), ("HL8", 4, (1, 2, 4, 8)),
+    ("cores:12/12/12/12", 2, (1, 1, 1, 1)), ("cores:6/6/4/32", 2, (5.333, 5.333, 8, 1))])
+def test_presets(preset, ranks, factors):
+    assert preset_factors(preset, ranks) == pytest.approx(factors)
+
+
+@pytest.mark.parametrize("preset", ["HL0.5", "HLx", "cores:4/0", "cores:", "fast"])
+def test_unknown_presets_are_refused(preset):
+    with pytest.raises(DynBatchError, match="unknown heterogeneity preset"):
+        preset_factors(preset)

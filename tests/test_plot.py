@@ -35,3 +35,15 @@ def test_plot_of_a_file_without_steps_is_a_clear_error(tmp_path):
                          env=local_env(), capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "no per-step records" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_plot_of_several_files_compares_them(tmp_path):
+    paths = [tmp_path / "static.jsonl", tmp_path / "dynamic.jsonl"]
+    for path, steps in zip(paths, (30, 40)):
+        write_metrics(path, steps)
+    png = tmp_path / "cmp.png"
+    out = subprocess.run([*CLI, "plot", *map(str, paths), "-o", str(png)],
+                         env=local_env(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000

@@ -84,3 +84,17 @@ def test_bad_sizes_are_rejected(sizes):
 def test_rank_outside_the_split_is_rejected():
     with pytest.raises(DynBatchError, match="rank 2"):
         VariableBatchSampler(10, 2, [4, 4])
+
+
+def test_min_share_keeps_every_non_empty_slice_trainable():
+    """Batch norm cannot train on one sample: the epoch's short last step gives no rank
+    fewer than min_share samples, and a remainder below min_share is skipped."""
+    for size, split in ((103, (60, 40)), (101, (60, 40)), (205, (60, 30, 11))):
+        for rank in range(len(split)):
+            sampler = VariableBatchSampler(size, rank, split, seed=1, min_share=2)
+            steps = [sampler.next_step() for _ in range(sampler.steps_per_epoch())]
+            for plan in steps:
+                assert all(s == 0 or s >= 2 for s in plan.sizes), plan.sizes
+            used = sum(plan.global_size for plan in steps)
+            assert used == size - (size % sum(split) if size % sum(split) < 2 else 0)
+            assert sampler.next_step().epoch == 1
