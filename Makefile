@@ -1,6 +1,6 @@
 # One entry for set-up, the demo and the tests. Each target runs the idempotent set-up first,
 # which installs whatever is missing (seconds when nothing is).
-.PHONY: setup demo test
+.PHONY: setup demo test benchmarks
 VENV ?= .venv
 
 setup:
@@ -11,3 +11,6 @@ demo: setup
 
 test: setup
 	$(VENV)/bin/python -m pytest
+
+benchmarks: setup
+	bash benchmarks/run_all.sh

@@ -15,7 +15,7 @@ For each: the loss before the change, the spike after it (max and mean over `--w
 steps), and the loss and test accuracy at the end. Lin et al. (2019) claim the smooth rule
 is more stable than the immediate linear rescale.
 
-    python benchmarks/elastic_lr.py [--rules none linear sqrt smooth] [--seeds 3]
+    python benchmarks/elastic_lr.py [--rules none linear sqrt smooth] [--seeds 3] [--plots DIR]
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ from common import print_report
 from hvd_dynbatch.jobs import run_training_job, step_records
 from hvd_dynbatch.launch import Launcher, start_local, wait_local
 from hvd_dynbatch.metrics import read_metrics
+from hvd_dynbatch.plot import plot_comparison
 
 DISCOVER = str(Path(__file__).resolve().parent.parent / "hostfiles" / "discover_hosts.sh")
 
@@ -79,20 +80,30 @@ def main():
     parser.add_argument("--change-at", type=int, default=100)
     parser.add_argument("--window", type=int, default=20,
                         help="steps after the change over which the spike is measured")
+    parser.add_argument("--plots", help="Directory for PNG plots of the lr and loss.")
     args = parser.parse_args()
     twin_rows, elastic_rows = [], []
+    twin_runs, elastic_runs = {}, {}
     for rule in args.rules:
         for seed in range(args.seeds):
             print(f"twin: rule {rule}, seed {seed} ...", file=sys.stderr)
-            twin_rows.append([rule, seed, *figures(twin(rule, seed, args), args.change_at,
-                                                   args.window)])
+            records = twin(rule, seed, args)
+            twin_runs.setdefault(rule, records)
+            twin_rows.append([rule, seed, *figures(records, args.change_at, args.window)])
     with tempfile.TemporaryDirectory() as tmp:
         for rule in args.rules:
             print(f"elastic: rule {rule} ...", file=sys.stderr)
-            records = elastic(rule, args, Path(tmp))
+            records = elastic_runs[rule] = elastic(rule, args, Path(tmp))
             steps = step_records(records)
             change = next(r["step"] for r in steps if r["world_size"] == 4)
             elastic_rows.append([rule, change, *figures(records, change, args.window)])
+    if args.plots:
+        Path(args.plots).mkdir(parents=True, exist_ok=True)
+        plot_comparison(twin_runs, str(Path(args.plots) / "elastic-lr-twin.png"),
+                        f"Global batch x{args.factor} at step {args.change_at} (seed 0): "
+                        f"learning rate and loss under each rule", mark_step=args.change_at)
+        plot_comparison(elastic_runs, str(Path(args.plots) / "elastic-lr-real.png"),
+                        "Real elastic event, 2 -> 4 workers: learning rate and loss")
     headers = ["mean loss, 10 steps before", "max loss after", "mean loss after",
                f"lr {args.window} steps after", "final loss (last 10 steps)",
                "final test accuracy"]

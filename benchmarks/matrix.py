@@ -15,7 +15,7 @@ worker i's rate taken as that over its factor, which is what the emulator's slee
 On a cluster, run `hvd-dynbatch train` with the same options and no --slowdown.
 
     python benchmarks/matrix.py [--levels HL1 HL2 HL4 HL8 cores:12/12/12/12 cores:6/6/4/32]
-                                [--plots DIR]
+                                [--plots DIR [--plot-levels HL8 ...]]
 """
 from __future__ import annotations
 
@@ -45,6 +45,8 @@ def main():
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--target", type=float, default=0.9)
     parser.add_argument("--plots", help="Directory for PNG plots of the runs.")
+    parser.add_argument("--plot-levels", nargs="+", default=["HL8", "cores:6/6/4/32"],
+                        help="Levels to plot, with --plots.")
     args = parser.parse_args()
     # Momentum 0.5: ABS-SGD's one-step-stale gradient diverges at 0.9 here (abs_compare.py).
     base = ["--model", "cnn", "--dataset", "synthetic", "--global-batch", str(args.global_batch),
@@ -76,7 +78,7 @@ def main():
                          round(summary["samples_per_sec"]), round(steady),
                          time_to_accuracy(runs[method], args.target),
                          summary["final_accuracy"], round(limit), f"{steady / limit:.0%}"])
-        if args.plots:
+        if args.plots and level in args.plot_levels:
             _plot(Path(args.plots), level, runs)
     print_report(
         f"Comparison matrix: CNN on synthetic data, global batch (ABS-SGD: target batch) "

@@ -57,7 +57,7 @@ class ABSTrainer(Trainer):
         self.model.train()
         while True:
             indices = self.stream.take(cfg.micro_batch)
-            x, y = self.data.train.fetch(indices)
+            x, y = self.loader.fetch(indices)
             began = time.perf_counter()
             loss = F.cross_entropy(self.model(x), y, reduction="sum")
             forward = time.perf_counter() - began

@@ -92,6 +92,8 @@ def _int_list(ctx, param, value):
 @click.option("--metrics", type=click.Path(), help="JSON-lines metrics file (rank 0).")
 @click.option("--save-model", type=click.Path(), help="Rank 0 writes the final state_dict.")
 @click.option("--threads", default=1, show_default=True, help="Compute threads per rank.")
+@click.option("--loader-workers", default=0, show_default=True,
+              help="DataLoader worker processes decoding each step's samples (imagefolder).")
 @click.option("--progress/--no-progress", default=True, show_default=True,
               help="Progress bar on rank 0 (only on a terminal).")
 @click.option("--warmup-steps", default=0, show_default=True,

@@ -70,6 +70,7 @@ class TrainConfig:
     metrics: Optional[str] = None
     save_model: Optional[str] = None
     threads: int = 1
+    loader_workers: int = 0
     progress: bool = True
     warmup_steps: int = 0
     lr_decay_steps: Sequence[int] = ()
@@ -111,6 +112,8 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise DynBatchError(f"--{name.replace('_', '-')} must be positive, "
                                     f"got {getattr(self, name)}")
+        if self.loader_workers < 0:
+            raise DynBatchError(f"--loader-workers must not be negative, got {self.loader_workers}")
         for name in ("max_steps", "max_batch"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -6,7 +6,10 @@
 * `synthetic`: 3x32x32 noise images, each with a faint pattern of its class, so a CNN learns
   them in a few epochs and accuracy is meaningful; for throughput and comparison runs.
 * `imagefolder`: the ImageNet-subset layout (Imagenette and the like): `DATA_DIR/train/CLASS/*`
-  and `DATA_DIR/val/CLASS/*`, resized and centre-cropped to `image_size`, normalised.
+  and `DATA_DIR/val/CLASS/*`, with the usual ImageNet preprocessing scaled to `image_size`:
+  the shorter side resized to 8/7 of it (256 for 224), then a random crop and horizontal flip
+  for training and a centre crop for validation, normalised by the ImageNet channel
+  statistics. `write_image_folder` generates a small one, so the path runs without a download.
 """
 from __future__ import annotations
 
@@ -41,9 +44,12 @@ class TensorSplit:
 
 
 class ImageFolderSplit:
-    """Image files in one folder per class, decoded on demand with Pillow."""
+    """Image files in one folder per class, decoded on demand with Pillow.
 
-    def __init__(self, root: Path, image_size: int):
+    `augment`: a random crop and flip per image (training); else a centre crop.
+    """
+
+    def __init__(self, root: Path, image_size: int, augment: bool = False):
         classes = sorted(d.name for d in root.iterdir() if d.is_dir())
         self.files, labels = [], []
         for label, name in enumerate(classes):
@@ -53,7 +59,7 @@ class ImageFolderSplit:
                     labels.append(label)
         if not self.files:
             raise DynBatchError(f"no images under {root} (expected {root}/CLASS/*.jpg)")
-        self.classes, self.image_size = classes, image_size
+        self.classes, self.image_size, self.augment = classes, image_size, augment
         self.y = torch.as_tensor(labels, dtype=torch.long)
         self._mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
         self._std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
@@ -64,14 +70,20 @@ class ImageFolderSplit:
     def _load(self, path: Path) -> torch.Tensor:
         from PIL import Image
 
+        size = self.image_size
         with Image.open(path) as img:
             img = img.convert("RGB")
-            scale = self.image_size / min(img.size)
-            img = img.resize((max(self.image_size, round(img.width * scale)),
-                              max(self.image_size, round(img.height * scale))))
-            left = (img.width - self.image_size) // 2
-            top = (img.height - self.image_size) // 2
-            img = img.crop((left, top, left + self.image_size, top + self.image_size))
+            scale = round(size * 8 / 7) / min(img.size)
+            img = img.resize((max(size, round(img.width * scale)),
+                              max(size, round(img.height * scale))))
+            if self.augment:
+                left, top = (int(torch.randint(0, room + 1, ()))
+                             for room in (img.width - size, img.height - size))
+            else:
+                left, top = (img.width - size) // 2, (img.height - size) // 2
+            img = img.crop((left, top, left + size, top + size))
+            if self.augment and torch.rand(()) < 0.5:
+                img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
             pixels = torch.from_numpy(np.asarray(img, dtype=np.float32) / 255.0)
         return (pixels.permute(2, 0, 1) - self._mean) / self._std
 
@@ -79,6 +91,34 @@ class ImageFolderSplit:
         x = torch.stack([self._load(self.files[i]) for i in indices]) if len(indices) else \
             torch.empty(0, 3, self.image_size, self.image_size)
         return x, self.y[torch.as_tensor(np.asarray(indices, dtype=np.int64))]
+
+
+def write_image_folder(root, classes: int = 10, train_per_class: int = 40,
+                       val_per_class: int = 10, size: Tuple[int, int] = (80, 64),
+                       seed: int = 0) -> None:
+    """Write a small ImageFolder of generated JPEGs under `root`/train and `root`/val.
+
+    Class k's images are a smooth colour pattern of its own, shifted at random, plus noise:
+    learnable, but not in one step. `size` is (width, height).
+    """
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    width, height = size
+    yy, xx = np.mgrid[0:2 * height, 0:2 * width] / max(width, height)
+    for k in range(classes):
+        freq, phase = rng.uniform(1, 4, (2, 3)), rng.uniform(0, 2 * np.pi, 3)
+        pattern = np.stack([np.sin(2 * np.pi * (freq[0, c] * xx + freq[1, c] * yy) + phase[c])
+                            for c in range(3)], axis=-1)
+        for part, count in (("train", train_per_class), ("val", val_per_class)):
+            folder = Path(root) / part / f"class{k:02d}"
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(count):
+                dy, dx = rng.integers(0, height), rng.integers(0, width)
+                image = pattern[dy:dy + height, dx:dx + width]
+                image = 127.5 + 80 * image + rng.normal(0, 40, image.shape)
+                Image.fromarray(np.clip(image, 0, 255).astype(np.uint8)).save(
+                    folder / f"{i:04d}.jpg", quality=90)
 
 
 @dataclass
@@ -136,7 +176,7 @@ def _imagefolder(data_dir: Optional[str], image_size: int) -> Dataset:
         if not (root / part).is_dir():
             raise DynBatchError(f"data directory {root} has no '{part}' folder "
                                 f"(expected {root}/train/CLASS/* and {root}/val/CLASS/*)")
-    train = ImageFolderSplit(root / "train", image_size)
+    train = ImageFolderSplit(root / "train", image_size, augment=True)
     test = ImageFolderSplit(root / "val", image_size)
     if test.classes != train.classes:
         raise DynBatchError(f"{root}/train and {root}/val have different class folders")

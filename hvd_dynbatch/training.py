@@ -38,6 +38,7 @@ from .data import load_dataset
 from .heterogeneity import Emulator, Slowdown
 from .lr import LRSchedule, scaling_rule
 from .metrics import MetricsWriter, SampleLog
+from .loader import BatchLoader
 from .models import build_model, least_batch
 from .sampler import VariableBatchSampler
 from .timing import StepTimer
@@ -82,6 +83,7 @@ class Trainer:
         self.slowdown = Slowdown.parse(config.slowdown) if config.slowdown else None
         self.start_world = comm.size
         self.data = load_dataset(config.dataset, config.data_dir, config.seed, config.image_size)
+        self.loader = BatchLoader(self.data.train, config.loader_workers)
         torch.manual_seed(config.seed)
         self.model = build_model(config.model, self.data.input_shape, self.data.num_classes)
         optimizer = torch.optim.SGD(self.model.parameters(), lr=config.lr,
@@ -109,7 +111,8 @@ class Trainer:
         self.pending = []             # this rank's (batch, compute, loss) since the last exchange
         self.pending_info = []        # the same steps' shared facts, for rank 0's metrics
         self.last_loss = math.nan
-        self.accuracy = None
+        self.accuracy = None          # top-1 test accuracy at the last evaluation
+        self.top5 = None
         self.last_eval_step = None
         self.time_to_target = None
         self.checksums = np.zeros(1)
@@ -251,7 +254,7 @@ class Trainer:
         plan = self.sampler.next_step()
         local = len(plan.indices)
         started = time.perf_counter()
-        x, y = self.data.train.fetch(plan.indices)
+        x, y = self.loader.fetch(plan.indices)
         self.samples_log.write(self.generation, self.step, plan, self.rank)
         self.model.train()
         lr = self.schedule.lr(self.step)
@@ -327,18 +330,21 @@ class Trainer:
         test = self.data.test
         mine = np.arange(self.rank, len(test), self.size)
         self.model.eval()
-        correct, loss_sum = 0.0, 0.0
+        correct, top5, loss_sum = 0.0, 0.0, 0.0
         with torch.no_grad():
             for start in range(0, len(mine), 512):
                 x, y = test.fetch(mine[start:start + 512])
                 out = self.model(x)
-                correct += (out.argmax(1) == y).sum().item()
+                best = out.topk(min(5, out.shape[1]), dim=1).indices
+                correct += (best[:, 0] == y).sum().item()
+                top5 += (best == y[:, None]).any(dim=1).sum().item()
                 loss_sum += F.cross_entropy(out, y, reduction="sum").item()
-        totals = self.comm.allgather([correct, loss_sum, len(mine)]).sum(axis=0)
-        self.accuracy = float(totals[0] / totals[2])
+        totals = self.comm.allgather([correct, top5, loss_sum, len(mine)]).sum(axis=0)
+        self.accuracy = float(totals[0] / totals[3])
+        self.top5 = float(totals[1] / totals[3])
         record = {"type": "eval", "step": self.step, "epoch": self.sampler.epoch,
-                  "time": self.train_seconds, "accuracy": self.accuracy,
-                  "test_loss": float(totals[1] / totals[2])}
+                  "time": self.train_seconds, "accuracy": self.accuracy, "top5": self.top5,
+                  "test_loss": float(totals[2] / totals[3])}
         self.last_eval_step = self.step
         self.metrics.write(record)
         target = self.cfg.target_accuracy
@@ -362,6 +368,7 @@ class Trainer:
             "exchange_seconds": self.exchange_seconds,
             "final_loss": self.last_loss,
             "final_accuracy": self.accuracy,
+            "final_top5": self.top5,
             "target_accuracy": cfg.target_accuracy,
             "time_to_target": self.time_to_target,
             "final_split": self._final_split(),

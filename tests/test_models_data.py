@@ -1,13 +1,13 @@
 """Models by name and datasets by name, including an ImageFolder written on the spot."""
 import subprocess
 
-import numpy as np
 import pytest
 import torch
 
-from hvd_dynbatch.data import load_dataset
+from hvd_dynbatch.data import load_dataset, write_image_folder
 from hvd_dynbatch.errors import DynBatchError
 from hvd_dynbatch.launch import local_env
+from hvd_dynbatch.loader import BatchLoader
 from hvd_dynbatch.metrics import read_metrics
 from hvd_dynbatch.models import MODELS, build_model
 from launcher import CLI
@@ -39,25 +39,27 @@ def test_synthetic_labels_are_learnable_and_seeded():
     assert len(set(a.train.y.tolist())) > 5
 
 
-def write_imagefolder(root, classes=("cat", "dog"), per_class=6, size=(20, 14)):
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    for part in ("train", "val"):
-        for label, name in enumerate(classes):
-            folder = root / part / name
-            folder.mkdir(parents=True)
-            for i in range(per_class):
-                pixels = rng.integers(0, 60, (*size[::-1], 3)) + 180 * label
-                Image.fromarray(pixels.astype(np.uint8)).save(folder / f"{i}.png")
-
-
 def test_imagefolder_is_resized_cropped_and_labelled(tmp_path):
-    write_imagefolder(tmp_path)
+    write_image_folder(tmp_path, classes=2, train_per_class=6, val_per_class=6, size=(20, 14))
     data = load_dataset("imagefolder", str(tmp_path), image_size=12)
     assert data.input_shape == (3, 12, 12) and data.num_classes == 2
     x, y = data.train.fetch([0, 11])
     assert x.shape == (2, 3, 12, 12) and y.tolist() == [0, 1]
+    # Validation crops are fixed; training crops and flips vary between fetches.
+    assert torch.equal(data.test.fetch([3])[0], data.test.fetch([3])[0])
+    assert any(not torch.equal(data.train.fetch([3])[0], data.train.fetch([3])[0])
+               for _ in range(10))
+
+
+def test_loader_workers_fetch_what_the_split_gives(tmp_path):
+    write_image_folder(tmp_path, classes=3, train_per_class=4, val_per_class=4, size=(16, 16))
+    split = load_dataset("imagefolder", str(tmp_path), image_size=12).test
+    loader = BatchLoader(split, workers=2)
+    indices = [7, 0, 11, 3, 5]
+    x, y = loader.fetch(indices)
+    expected_x, expected_y = split.fetch(indices)
+    assert torch.equal(x, expected_x) and torch.equal(y, expected_y)
+    assert loader.fetch([2])[0].shape == (1, 3, 12, 12)
 
 
 def test_imagefolder_without_a_val_folder_is_a_clear_error(tmp_path):
@@ -67,14 +69,16 @@ def test_imagefolder_without_a_val_folder_is_a_clear_error(tmp_path):
 
 
 def test_training_on_an_imagefolder_end_to_end(tmp_path):
-    write_imagefolder(tmp_path / "data")
+    write_image_folder(tmp_path / "data", classes=6, train_per_class=2, val_per_class=2,
+                       size=(20, 14))
     metrics = tmp_path / "m.jsonl"
     out = subprocess.run([*CLI, "train", "--dataset", "imagefolder", "--data-dir",
                           str(tmp_path / "data"), "--image-size", "16", "--model", "cnn",
                           "--global-batch", "4", "--epochs", "2", "--no-progress",
-                          "--metrics", str(metrics)],
+                          "--loader-workers", "2", "--metrics", str(metrics)],
                          env=local_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     summary = read_metrics(str(metrics))[-1]
     assert summary["steps"] == 6 and summary["samples"] == 24
     assert summary["final_accuracy"] is not None
+    assert summary["final_top5"] >= summary["final_accuracy"]

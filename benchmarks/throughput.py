@@ -1,0 +1,121 @@
+"""Training throughput on synthetic data with unequal batches: total and per-rank rates.
+
+In the spirit of Horovod's `pytorch_synthetic_benchmark.py`, but correct for batches that
+differ between ranks: the total is all ranks' samples over wall time, and each rank's rate is
+its own batch over its own compute time. It is one rank of a job, so it runs unchanged under
+any launcher:
+
+    horovodrun -np 8 -H node1:4,node2:4 python benchmarks/throughput.py --model resnet50
+    mpirun -np 8 --hostfile hosts python benchmarks/throughput.py --model resnet50
+    srun python benchmarks/throughput.py --model resnet50        (inside an sbatch script)
+
+`--local N` starts N ranks on this machine instead (horovodrun --gloo), for a try without a
+cluster; `--preset HL4` or `--slowdown 1,4` emulates heterogeneity there.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from hvd_dynbatch.heterogeneity import preset_factors
+
+
+def rank_main(args) -> None:
+    import horovod.torch as hvd
+
+    from hvd_dynbatch.config import TrainConfig
+    from hvd_dynbatch.metrics import read_metrics
+    from hvd_dynbatch.training import train
+
+    hvd.init()
+    slowdown = args.slowdown
+    if args.preset:
+        slowdown = ",".join(f"{f:g}" for f in preset_factors(args.preset, hvd.size()))
+    with tempfile.TemporaryDirectory() as tmp:
+        metrics = str(Path(tmp) / "metrics.jsonl")
+        summary = train(TrainConfig(
+            model=args.model, dataset="synthetic", global_batch=args.global_batch,
+            epochs=1000, max_steps=args.steps, eval_every=100000, batching=args.batching[0],
+            slowdown=slowdown, metrics=metrics, progress=False, threads=args.threads))
+        if hvd.rank() == 0:
+            print(json.dumps(report(read_metrics(metrics), summary)))
+
+
+def report(records: list, summary: dict) -> dict:
+    """Total samples/s over the run and in the steady state (last 75% of steps, median step
+    time), and each rank's rate: its batch over its compute time, medians over those steps."""
+    steps = [r for r in records if "batch_sizes" in r]
+    steady = steps[len(steps) // 4:]
+    ranks = len(steady[-1]["batch_sizes"])
+    return {
+        "model": summary["config"]["model"], "batching": summary["batching"],
+        "world_size": summary["world_size"], "global_batch": summary["config"]["global_batch"],
+        "samples_per_sec": round(summary["samples_per_sec"], 1),
+        "steady_samples_per_sec": round(statistics.median(r["global_batch"] for r in steady)
+                                        / statistics.median(r["step_time"] for r in steady), 1),
+        "rank_samples_per_sec": [round(statistics.median(
+            r["batch_sizes"][i] / r["compute_times"][i] for r in steady), 1)
+            for i in range(ranks)],
+        "final_split": summary["final_split"]}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="resnet18",
+                        help="A model of the package: cnn, resnet18, resnet50, ...")
+    parser.add_argument("--global-batch", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--batching", nargs="+", default=["dynamic"],
+                        choices=["static", "dynamic", "abs"],
+                        help="One under a launcher; with --local, each in turn.")
+    parser.add_argument("--threads", type=int, default=1, help="Compute threads per rank.")
+    parser.add_argument("--slowdown", help="Emulated slowdown per rank, e.g. 1,4.")
+    parser.add_argument("--preset", help="Emulated heterogeneity preset, e.g. HL4.")
+    parser.add_argument("--local", type=int, metavar="N",
+                        help="Start N ranks on this machine rather than run as one rank.")
+    args = parser.parse_args()
+    if args.local is None:
+        if len(args.batching) != 1:
+            parser.error("under a launcher, give one --batching")
+        rank_main(args)
+        return
+    from hvd_dynbatch.launch import Launcher, json_records, run_local
+    from hvd_dynbatch.report import markdown_table
+
+    rows = []
+    for batching in args.batching:
+        print(f"{batching} on {args.local} local ranks ...", file=sys.stderr)
+        argv = [sys.executable, __file__, *_without_local(sys.argv[1:]), "--batching", batching]
+        job = run_local(Launcher.GLOO, args.local, argv, timeout=3600)
+        if job.returncode != 0:
+            sys.exit(f"throughput job failed (exit {job.returncode}):\n{job.stderr[-3000:]}")
+        rows += [[r["batching"], r["samples_per_sec"], r["steady_samples_per_sec"],
+                  r["rank_samples_per_sec"], r["final_split"]] for r in json_records(job.stdout)]
+    print(f"{args.model} on synthetic data, global batch {args.global_batch}, {args.steps} steps, "
+          f"{args.local} local ranks, heterogeneity {args.preset or args.slowdown or 'none'}.")
+    print()
+    print(markdown_table(["batching", "samples/s (run)", "samples/s (steady)",
+                          "per-rank samples/s", "final split"], rows))
+
+
+def _without_local(argv: list) -> list:
+    """The arguments minus --local N and --batching ... (a rank gets its own --batching)."""
+    out, skipping = [], False
+    for a in argv:
+        if a in ("--local", "--batching"):
+            skipping = True
+        elif skipping and not a.startswith("--"):
+            continue
+        else:
+            skipping = False
+            if not a.startswith(("--local=", "--batching=")):
+                out.append(a)
+    return out
+
+
+if __name__ == "__main__":
+    main()

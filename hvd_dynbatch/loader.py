@@ -1,0 +1,73 @@
+"""The data loader of the training loop: a step's samples, decoded in DataLoader workers.
+
+Batch sizes differ between ranks and change between steps, so the loop asks for one step's
+indices at a time. With `workers` > 0, a persistent `torch.utils.data.DataLoader` decodes
+that step's samples in that many worker processes, each taking a contiguous chunk (JPEG
+decoding and resizing is where an ImageNet-style run spends its data time); with 0 the split
+is read in this process, which is all that in-memory datasets need.
+"""
+from __future__ import annotations
+
+from typing import Sequence, Tuple
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class _StepChunks:
+    """The loader's batch sampler: the index chunks of the step being fetched."""
+
+    def __init__(self):
+        self.chunks = []
+
+    def __iter__(self):
+        return iter(self.chunks)
+
+    def __len__(self) -> int:
+        return len(self.chunks)
+
+
+class _Batches(Dataset):
+    """A split (anything with `fetch(indices)` and `len`) as a map-style dataset that hands
+    whole chunks to the DataLoader's workers."""
+
+    def __init__(self, split):
+        self.split = split
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getitems__(self, indices):
+        return self.split.fetch(indices)
+
+    def __getitem__(self, index):
+        return self.split.fetch([index])
+
+
+def _as_is(batch):
+    return batch
+
+
+class BatchLoader:
+    """Fetches batches by sample index from `split`, in `workers` DataLoader processes."""
+
+    def __init__(self, split, workers: int = 0):
+        if workers < 0:
+            raise ValueError(f"the number of loader workers must not be negative, got {workers}")
+        self.split, self.workers = split, workers
+        self._chunks = _StepChunks()
+        self._loader = None
+        if workers:
+            self._loader = DataLoader(_Batches(split), batch_sampler=self._chunks,
+                                      num_workers=workers, collate_fn=_as_is,
+                                      persistent_workers=True)
+
+    def fetch(self, indices: Sequence[int]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The inputs and labels of samples `indices`, in that order."""
+        if self._loader is None or len(indices) < 2:
+            return self.split.fetch(indices)
+        chunks = np.array_split(np.asarray(indices), min(self.workers, len(indices)))
+        self._chunks.chunks = [c.tolist() for c in chunks]
+        parts = list(self._loader)
+        return torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])
