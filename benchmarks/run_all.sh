@@ -26,7 +26,8 @@ section() {
         echo
         echo "## $title"
         echo
-        echo "\`$*\`" | sed 's|\.\./\.venv/bin/python|python|; s|plots\.tmp|plots|g'
+        echo "\`$(printf '%q ' "$@" | sed 's/ $//')\`" |
+            sed 's|\.\./\.venv/bin/python|python|; s|plots\.tmp|plots|g'
         echo
         "$@"
     } >>"$out"

@@ -39,7 +39,7 @@ def scale_study(base: Scenario, worker_counts: Sequence[int], rules: Sequence[Ru
             event_rows.append([workers, rule.value, event, segment["workers"],
                                segment["settle"], _pct(segment["noise_free_efficiency"]),
                                _pct(segment["efficiency"]), _pct(segment["static_efficiency"])])
-    tables = [markdown_table(
+    tables = [describe(base, target), markdown_table(
         ["workers", "rule", f"adjustments to >= {target:.0%}", "efficiency (noise-free)",
          "efficiency (with noise)", "static efficiency", "speedup over static",
          "allreduce ms", "controller ms (median)", "controller ms (max)"], rows)]
@@ -49,6 +49,24 @@ def scale_study(base: Scenario, worker_counts: Sequence[int], rules: Sequence[Ru
              "efficiency (noise-free)", "efficiency (with noise)", "static efficiency"],
             event_rows))
     return "\n\n".join(tables)
+
+
+def describe(scenario: Scenario, target: float) -> str:
+    """What was simulated and what the columns mean, in a paragraph."""
+    ring = scenario.allreduce
+    return (
+        f"Simulated clusters: worker rates {scenario.distribution.value} with spread "
+        f"{scenario.spread:g}x, {scenario.noise:.0%} noise per step, {scenario.steps} steps per "
+        f"adjustment (the controller sees each worker's median), {scenario.adjustments} "
+        f"adjustments, global batch {scenario.batch_per_worker} x workers, per-step overhead "
+        f"{scenario.overhead:g} s, ring allreduce of {ring.gradient_bytes / 1e6:g} MB at "
+        f"{ring.bandwidth * 8 / 1e9:g} Gbit/s and {ring.latency * 1e6:g} us per message, seed "
+        f"{scenario.seed}. Efficiency = throughput at the split / throughput at the ideal "
+        f"split: 'noise-free' from expected step times, 'with noise' from the same noise "
+        f"draws for both; the static split is even. 'Adjustments to >= {target:.0%}' counts "
+        f"adjustments until every later window's noise-free efficiency is at least that "
+        f"('-': never); efficiencies are medians from then on. Controller ms: one "
+        f"BatchController.update on this machine.")
 
 
 def _events_by_start(scenario: Scenario) -> list:
