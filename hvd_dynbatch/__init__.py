@@ -1,18 +1,20 @@
 """hvd-dynbatch: data-parallel training with Horovod on workers that are not alike.
 
-The pure pieces (controller, sampler, timer, slowdown) import only numpy and the standard
-library. The pieces bound to Horovod (`DistributedOptimizer`, `for_horovod`, `train`) import
+The pure pieces (controller, sampler, timer, slowdown, the cluster simulator) import only
+numpy and the standard library. The pieces bound to Horovod (`DistributedOptimizer`, `for_horovod`, `train`) import
 it when they are first used, so importing this package starts nothing.
 """
 from .controller import BatchController, ControllerConfig, Rule, apportion
 from .errors import DynBatchError
-from .heterogeneity import Slowdown
+from .heterogeneity import Slowdown, preset_factors
 from .sampler import StepPlan, VariableBatchSampler
+from .simulator import Scenario, simulate
 from .timing import StepTimer
 
 __version__ = "0.1.0"
 
 _LAZY = {
+    "BatchLoader": "loader",
     "DistributedOptimizer": "weighting",
     "batch_weight": "weighting",
     "for_horovod": "comm",
@@ -23,7 +25,8 @@ _LAZY = {
 }
 
 __all__ = ["BatchController", "ControllerConfig", "Rule", "apportion", "DynBatchError",
-           "Slowdown", "StepPlan", "VariableBatchSampler", "StepTimer", *_LAZY]
+           "Slowdown", "preset_factors", "Scenario", "simulate", "StepPlan",
+           "VariableBatchSampler", "StepTimer", *_LAZY]
 
 
 def __getattr__(name):
