@@ -68,17 +68,23 @@ def test_imagefolder_without_a_val_folder_is_a_clear_error(tmp_path):
         load_dataset("imagefolder", str(tmp_path))
 
 
-def test_training_on_an_imagefolder_end_to_end(tmp_path):
-    write_image_folder(tmp_path / "data", classes=6, train_per_class=2, val_per_class=2,
-                       size=(20, 14))
+def train_on_image_folder(tmp_path, folder: dict, options: list) -> dict:
+    """Write a generated ImageFolder, train one rank on it for 2 epochs of batch 4, and
+    return the run's summary."""
+    write_image_folder(tmp_path / "data", **folder)
     metrics = tmp_path / "m.jsonl"
     out = subprocess.run([*CLI, "train", "--dataset", "imagefolder", "--data-dir",
-                          str(tmp_path / "data"), "--image-size", "16", "--model", "cnn",
-                          "--global-batch", "4", "--epochs", "2", "--no-progress",
-                          "--loader-workers", "2", "--metrics", str(metrics)],
+                          str(tmp_path / "data"), "--global-batch", "4", "--epochs", "2",
+                          "--no-progress", "--metrics", str(metrics), *options],
                          env=local_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    summary = read_metrics(str(metrics))[-1]
+    return read_metrics(str(metrics))[-1]
+
+
+def test_training_on_an_imagefolder_end_to_end(tmp_path):
+    summary = train_on_image_folder(
+        tmp_path, dict(classes=6, train_per_class=2, val_per_class=2, size=(20, 14)),
+        ["--image-size", "16", "--model", "cnn", "--loader-workers", "2"])
     assert summary["steps"] == 6 and summary["samples"] == 24
     assert summary["final_accuracy"] is not None
     assert summary["final_top5"] >= summary["final_accuracy"]
@@ -91,14 +97,7 @@ def test_batch_norm_models_need_two_samples():
 
 def test_a_batch_norm_model_never_trains_on_one_sample(tmp_path):
     """13 images in batches of 4 leave one for the epoch's last step: skipped, not a crash."""
-    write_image_folder(tmp_path / "data", classes=1, train_per_class=13, val_per_class=2,
-                       size=(16, 16))
-    metrics = tmp_path / "m.jsonl"
-    out = subprocess.run([*CLI, "train", "--dataset", "imagefolder", "--data-dir",
-                          str(tmp_path / "data"), "--image-size", "8", "--model", "resnet18",
-                          "--global-batch", "4", "--epochs", "2", "--no-progress",
-                          "--metrics", str(metrics)],
-                         env=local_env(), capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    summary = read_metrics(str(metrics))[-1]
+    summary = train_on_image_folder(
+        tmp_path, dict(classes=1, train_per_class=13, val_per_class=2, size=(16, 16)),
+        ["--image-size", "8", "--model", "resnet18"])
     assert summary["steps"] == 6 and summary["samples"] == 24
