@@ -28,9 +28,9 @@ from pathlib import Path
 
 from common import print_report
 
-from hvd_dynbatch.jobs import run_training_job, step_records
+from hvd_dynbatch.jobs import run_training_job
 from hvd_dynbatch.launch import Launcher, start_local, wait_local
-from hvd_dynbatch.metrics import read_metrics
+from hvd_dynbatch.metrics import read_metrics, step_records
 from hvd_dynbatch.plot import plot_comparison
 
 DISCOVER = str(Path(__file__).resolve().parent.parent / "hostfiles" / "discover_hosts.sh")

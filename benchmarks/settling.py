@@ -21,7 +21,8 @@ from common import print_report
 
 from hvd_dynbatch.controller import BatchController, ControllerConfig, Rule
 from hvd_dynbatch.heterogeneity import Slowdown
-from hvd_dynbatch.jobs import run_training_job, step_records
+from hvd_dynbatch.jobs import run_training_job
+from hvd_dynbatch.metrics import step_records
 from hvd_dynbatch.simulator import ClusterModel, run_adjustments
 
 SETTLED = 1.10

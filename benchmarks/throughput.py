@@ -21,6 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from common import steady_steps, steady_throughput
+
 from hvd_dynbatch.heterogeneity import preset_factors
 
 
@@ -46,17 +48,15 @@ def rank_main(args) -> None:
 
 
 def report(records: list, summary: dict) -> dict:
-    """Total samples/s over the run and in the steady state (last 75% of steps, median step
-    time), and each rank's rate: its batch over its compute time, medians over those steps."""
-    steps = [r for r in records if "batch_sizes" in r]
-    steady = steps[len(steps) // 4:]
+    """Total samples/s over the run and in the steady state (`common.steady_throughput`), and
+    each rank's rate: its batch over its compute time, medians over the steady steps."""
+    steady = steady_steps(records)
     ranks = len(steady[-1]["batch_sizes"])
     return {
         "model": summary["config"]["model"], "batching": summary["batching"],
         "world_size": summary["world_size"], "global_batch": summary["config"]["global_batch"],
         "samples_per_sec": round(summary["samples_per_sec"], 1),
-        "steady_samples_per_sec": round(statistics.median(r["global_batch"] for r in steady)
-                                        / statistics.median(r["step_time"] for r in steady), 1),
+        "steady_samples_per_sec": round(steady_throughput(records), 1),
         "rank_samples_per_sec": [round(statistics.median(
             r["batch_sizes"][i] / r["compute_times"][i] for r in steady), 1)
             for i in range(ranks)],

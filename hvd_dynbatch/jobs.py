@@ -39,8 +39,3 @@ def summary_of(records: list) -> dict:
     if not records or records[-1].get("type") != "summary":
         raise DynBatchError("the run's metrics end without a summary record")
     return records[-1]
-
-
-def step_records(records: list) -> list:
-    """The per-step records of a run's metrics."""
-    return [r for r in records if "batch_sizes" in r]

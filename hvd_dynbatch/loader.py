@@ -41,9 +41,6 @@ class _Batches(Dataset):
     def __getitems__(self, indices):
         return self.split.fetch(indices)
 
-    def __getitem__(self, index):
-        return self.split.fetch([index])
-
 
 def _as_is(batch):
     return batch

@@ -87,3 +87,8 @@ def read_metrics(path: str) -> list:
     """All records of a metrics file, in order."""
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def step_records(records: list) -> list:
+    """The per-step records of a run's metrics (those with every rank's batch size)."""
+    return [r for r in records if "batch_sizes" in r]

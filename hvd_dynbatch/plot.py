@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Dict, Optional, Sequence
 
 from .errors import DynBatchError
+from .metrics import step_records
 
 
 def _pyplot():
@@ -23,7 +24,7 @@ def _pyplot():
 
 
 def _step_records(records: Sequence[dict]) -> list:
-    steps = [r for r in records if "batch_sizes" in r]
+    steps = step_records(records)
     if not steps:
         raise DynBatchError("the metrics hold no per-step records to plot")
     return steps

@@ -35,8 +35,9 @@ def scale_study(base: Scenario, worker_counts: Sequence[int], rules: Sequence[Ru
                      f"{first['efficiency'] / first['static_efficiency']:.2f}x",
                      f"{allreduce_ms:.2f}", f"{result['controller_seconds'] * 1e3:.3f}",
                      f"{result['controller_seconds_max'] * 1e3:.3f}"])
-        for event, segment in zip(_events_by_start(base), after_events):
-            event_rows.append([workers, rule.value, event, segment["workers"],
+        for segment in after_events:
+            event_rows.append([workers, rule.value, _events_at(base, segment["start"]),
+                               segment["workers"],
                                segment["settle"], _pct(segment["noise_free_efficiency"]),
                                _pct(segment["efficiency"]), _pct(segment["static_efficiency"])])
     tables = [describe(base, target), markdown_table(
@@ -69,14 +70,11 @@ def describe(scenario: Scenario, target: float) -> str:
         f"BatchController.update on this machine.")
 
 
-def _events_by_start(scenario: Scenario) -> list:
-    """One label per segment start after 0, joining events that start together."""
-    starts = {}
-    for e in scenario.events:
-        if e.at < scenario.adjustments:
-            label = f"{e.kind.value} {e.fraction:g}" + (f" x{e.factor:g}" if e.factor != 1 else "")
-            starts.setdefault(e.at, []).append(label)
-    return [f"at {at}: " + ", ".join(labels) for at, labels in sorted(starts.items())]
+def _events_at(scenario: Scenario, start: int) -> str:
+    """A label for the events that begin the segment at adjustment `start`."""
+    labels = [f"{e.kind.value} {e.fraction:g}" + (f" x{e.factor:g}" if e.factor != 1 else "")
+              for e in scenario.events if e.at == start]
+    return f"at {start}: " + ", ".join(labels)
 
 
 def _pct(value: float) -> str:

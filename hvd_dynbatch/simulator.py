@@ -210,11 +210,11 @@ def run_adjustments(controller: BatchController, cluster: ClusterModel, adjustme
         ideal = cluster.ideal_split(global_batch, k)
         even = np.full(workers, global_batch / workers)
         ideal_seconds = cluster.window_seconds(ideal, k, draws)
-        measured = np.median(cluster.expected_times(split, k) * draws, axis=0)
+        expected = cluster.expected_times(split, k)
+        measured = np.median(expected * draws, axis=0)
         started = time.perf_counter()
         new = controller.update(split, measured)
         seconds = time.perf_counter() - started
-        expected = cluster.expected_times(split, k)
         allreduce = cluster.allreduce.seconds(workers)
         history.append({
             "adjustment": k, "workers": workers, "split": split.copy(), "next": new.copy(),
