@@ -41,14 +41,17 @@ def progress_of(trainer) -> dict:
     }
 
 
-def resume(trainer, progress: dict) -> None:
-    """Adopt the synced `progress` and bind `trainer` to the current world (local)."""
+def resume(trainer, progress: dict, comm) -> None:
+    """Adopt the synced `progress` and bind `trainer` to the world of `comm` (local).
+
+    The committed split and the controller's state carry over when the world kept its size;
+    a world of another size starts from an even split (see `Trainer.join_world`).
+    """
     for key in ("step", "generation", "start_world", "train_seconds", "exchange_seconds",
                 "samples", "last_loss", "accuracy", "last_eval_step", "time_to_target"):
         setattr(trainer, key, progress[key])
     trainer.sampler.load_state_dict(progress["sampler"])
     trainer.schedule.load_state_dict(progress["schedule"])
-    comm = for_horovod()
     same_world = progress["world_size"] == comm.size and progress["step"] > 0
     trainer.controller.state = ControllerState.from_state_dict(progress["controller"])
     trainer.join_world(comm, committed_split=progress["split"] if same_world else None)
@@ -82,7 +85,7 @@ def run_elastic(trainer) -> None:
 
     @hvd.elastic.run
     def train_elastic(state):
-        resume(trainer, state.progress)
+        resume(trainer, state.progress, for_horovod())
         trainer.loop(commit=commit)
 
     train_elastic(state)

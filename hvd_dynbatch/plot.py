@@ -5,6 +5,7 @@ per step, compute time per step, training loss (and test accuracy, where evaluat
 training time, and the learning rate per step. Elastic resets are marked.
 `plot_comparison(runs, path)` puts several runs side by side, one line per run: training loss
 and test accuracy against training time, and the learning rate per step.
+`run_figure` and `comparison_figure` build the same figures without saving them.
 """
 from __future__ import annotations
 
@@ -30,8 +31,26 @@ def _step_records(records: Sequence[dict]) -> list:
     return steps
 
 
+def _save(fig, path: str) -> None:
+    fig.savefig(path, dpi=100)
+    _pyplot().close(fig)
+
+
 def plot_run(records: Sequence[dict], path: str, title: str = "") -> None:
     """Write a PNG of the run's per-step records to `path`."""
+    _save(run_figure(records, title), path)
+
+
+def plot_comparison(runs: Dict[str, Sequence[dict]], path: str, title: str = "",
+                    mark_step: Optional[int] = None) -> None:
+    """Write a PNG comparing runs (name -> metrics records) to `path`; `mark_step` draws a
+    vertical line on the learning-rate panel (a change of the global batch, say)."""
+    _save(comparison_figure(runs, title, mark_step), path)
+
+
+def run_figure(records: Sequence[dict], title: str = ""):
+    """The figure of one run: a 2 x 2 grid of batch sizes, compute times, loss (and
+    accuracy), learning rate."""
     plt = _pyplot()
     steps = _step_records(records)
     evals = [r for r in records if r.get("type") == "eval"]
@@ -68,14 +87,12 @@ def plot_run(records: Sequence[dict], path: str, title: str = "") -> None:
             ax.axvline(step, color="grey", linestyle=":", linewidth=1)
     if title:
         fig.suptitle(title)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return fig
 
 
-def plot_comparison(runs: Dict[str, Sequence[dict]], path: str, title: str = "",
-                    mark_step: Optional[int] = None) -> None:
-    """Write a PNG comparing runs (name -> metrics records) to `path`; `mark_step` draws a
-    vertical line on the learning-rate panel (a change of the global batch, say)."""
+def comparison_figure(runs: Dict[str, Sequence[dict]], title: str = "",
+                      mark_step: Optional[int] = None):
+    """The figure comparing runs: loss, accuracy and learning rate, one line per run."""
     plt = _pyplot()
     fig, (loss_ax, acc_ax, lr_ax) = plt.subplots(1, 3, figsize=(15, 4.5), constrained_layout=True)
     for name, records in runs.items():
@@ -96,5 +113,4 @@ def plot_comparison(runs: Dict[str, Sequence[dict]], path: str, title: str = "",
         ax.legend(fontsize="small")
     if title:
         fig.suptitle(title)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return fig

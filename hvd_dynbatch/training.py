@@ -117,6 +117,7 @@ class Trainer:
         self.time_to_target = None
         self.checksums = np.zeros(1)
         self.last_sizes = []          # every rank's batch in the last exchanged step
+        self.last_full_split = None   # the same, in the last step that took a whole B
 
     def _distribute(self, optimizer):
         """The optimizer as the training steps use it: Horovod's, batch-weighted."""
@@ -209,7 +210,7 @@ class Trainer:
             self._exchange()
             if self.last_eval_step != self.step:
                 self._evaluate()
-            self.checksums = self.comm.allgather([weights_checksum(self.model)])[:, 0]
+            self.checksums = self.comm.allgather([self._weights_checksum()])[:, 0]
         finally:
             if progress is not None:
                 progress.close()
@@ -222,8 +223,9 @@ class Trainer:
         """Complete work still in flight at the end of the run (nothing, here)."""
 
     def _final_split(self) -> list:
-        """The split the run ended with (not the short last step of an epoch)."""
-        return list(self.sampler.batch_sizes)
+        """The split of the run's last step that took the whole global batch (an epoch's
+        short last step is not a split, and a split decided after the last step never ran)."""
+        return self.last_full_split or list(self.sampler.batch_sizes)
 
     def finish(self) -> dict:
         """Write the summary (and the model, on rank 0); return the summary."""
@@ -305,6 +307,8 @@ class Trainer:
             sizes, computes, losses = per_step[:, k, 0], per_step[:, k, 1], per_step[:, k, 2]
             self.last_loss = float(np.dot(sizes, losses) / sizes.sum())
             self.samples += int(sizes.sum())
+            if sizes.sum() == self.sampler.global_batch:
+                self.last_full_split = sizes.astype(int).tolist()
             self.metrics.write({**info, "world_size": self.size,
                                 "global_batch": int(sizes.sum()),
                                 "batch_sizes": sizes.astype(int).tolist(),
@@ -322,8 +326,12 @@ class Trainer:
         self.train_seconds += elapsed
         self.exchange_seconds += elapsed
 
+    def _weights_checksum(self) -> int:
+        return weights_checksum(self.model.state_dict())
+
     def _evaluate(self) -> None:
-        """Test accuracy and loss over the whole test set, each rank taking a share.
+        """Test accuracy and loss over the whole test set, each rank taking a share, and
+        each rank's weights checksum (ranks that drifted apart show at the next evaluation).
 
         Collective: every rank calls it at the same step.
         """
@@ -339,12 +347,15 @@ class Trainer:
                 correct += (best[:, 0] == y).sum().item()
                 top5 += (best == y[:, None]).any(dim=1).sum().item()
                 loss_sum += F.cross_entropy(out, y, reduction="sum").item()
-        totals = self.comm.allgather([correct, top5, loss_sum, len(mine)]).sum(axis=0)
+        gathered = self.comm.allgather([correct, top5, loss_sum, len(mine),
+                                        self._weights_checksum()])
+        totals, checksums = gathered[:, :4].sum(axis=0), gathered[:, 4]
         self.accuracy = float(totals[0] / totals[3])
         self.top5 = float(totals[1] / totals[3])
         record = {"type": "eval", "step": self.step, "epoch": self.sampler.epoch,
                   "time": self.train_seconds, "accuracy": self.accuracy, "top5": self.top5,
-                  "test_loss": float(totals[2] / totals[3])}
+                  "test_loss": float(totals[2] / totals[3]),
+                  "weights_checksums": [int(c) for c in checksums]}
         self.last_eval_step = self.step
         self.metrics.write(record)
         target = self.cfg.target_accuracy
@@ -372,17 +383,17 @@ class Trainer:
             "target_accuracy": cfg.target_accuracy,
             "time_to_target": self.time_to_target,
             "final_split": self._final_split(),
-            "weights_checksum": int(self.checksums[0]),
+            "weights_checksums": [int(c) for c in self.checksums],
             "weights_identical": bool(np.all(self.checksums == self.checksums[0])),
             "config": {k: (v.value if isinstance(v, enum.Enum) else v)
                        for k, v in asdict(cfg).items()},
         }
 
 
-def weights_checksum(model) -> int:
-    """CRC-32 of the model's parameters and buffers, byte for byte (equal weights, equal sum)."""
+def weights_checksum(state_dict: dict) -> int:
+    """CRC-32 of a model's parameters and buffers, byte for byte (equal weights, equal sum)."""
     crc = 0
-    for value in model.state_dict().values():
+    for value in state_dict.values():
         crc = zlib.crc32(value.detach().cpu().contiguous().numpy().tobytes(), crc)
     return crc
 

@@ -88,6 +88,7 @@ def test_each_update_is_the_sample_weighted_mean_of_the_previous_window(tmp_path
     records = read_metrics(str(metrics))
     summary = records[-1]
     assert summary["weights_identical"], "ranks ended with different weights"
+    assert len(summary["weights_checksums"]) == 2
     steps = [r for r in records if "batch_sizes" in r]
     assert [r["global_batch"] for r in steps] == [len(windows[k]) for k in range(STEPS)]
     # Throughput counts every rank's samples, not rank 0's.

@@ -130,3 +130,84 @@ def test_state_round_trips_through_a_state_dict():
                            ControllerState.from_state_dict(c.state.state_dict()))
     t = np.array([0.2, 0.1])
     assert copy.update(split, t).tolist() == c.update(split, t).tolist()
+
+
+class TestPIDMechanisms:
+    """Each refinement of the "pid" rule on its own, with figures worked out by hand from the
+    module docstring's formulas (B = 1000, gain 0.5, integral gain 0.1)."""
+
+    def test_deadband_holds_the_split_where_p_would_move(self):
+        # Predicted imbalance 4% < 5%: nothing moves, and no integral is kept.
+        c = BatchController(ControllerConfig(1000))
+        assert c.update([500, 500], [1.0, 1.04]).tolist() == [500, 500]
+        assert c.state.integral.tolist() == [0, 0]
+        p = BatchController(ControllerConfig(1000, rule=Rule.P))
+        assert p.update([500, 500], [1.0, 1.04]).tolist() == [510, 490]
+        # 20% is outside the dead-band: the damped step moves the split.
+        assert c.update([500, 500], [1.0, 1.2]).tolist() == [516, 484]
+
+    def test_step_limit_bounds_one_adjustment(self):
+        # Rates 500 and 125: the proportional target is 800/200, but one adjustment moves a
+        # worker by at most max_change x B = 100 samples.
+        c = BatchController(ControllerConfig(1000, max_change=0.1))
+        split = c.update([500, 500], [1.0, 4.0])
+        assert split.tolist() == [600, 400]
+        assert c.update(split, split / np.array([500.0, 125.0])).tolist() == [700, 300]
+
+    def test_integral_accumulates_a_persistent_error_and_resets_on_a_sign_change(self):
+        c = BatchController(ControllerConfig(1000))
+        # Rates 500 and 400 (imbalance 25%, the damped zone): target 555.6 for worker 0.
+        split = c.update([500, 500], [1.0, 1.25])
+        assert c.state.integral[0] == pytest.approx(55.556, abs=1e-3)
+        # Error 555.6 - 533.3 = 22.2 keeps its sign: the integral sums to 77.8, and the
+        # step is 0.5 x 22.2 + 0.1 x 77.8 = 18.9, not the 11.1 of the damped step alone.
+        split = c.update(split, split / np.array([500.0, 400.0]))
+        assert c.state.integral[0] == pytest.approx(77.778, abs=1e-3)
+        assert c.state.allocation[0] == pytest.approx(552.222, abs=1e-3)
+        assert split.tolist() == [552, 448]
+        # Readings of 400 and 480 pull the filtered rates to 466.7 and 426.7: the target
+        # (522.4) is now below the allocation, so the integral restarts at the new error.
+        c.update(split, split / np.array([400.0, 480.0]))
+        assert c.state.rates == pytest.approx([466.667, 426.667], abs=1e-3)
+        assert c.state.integral[0] == pytest.approx(522.388 - 552.222, abs=1e-3)
+
+    def test_a_fast_step_takes_the_whole_way_and_clears_the_integral(self):
+        c = BatchController(ControllerConfig(1000))
+        split = c.update([500, 500], [1.0, 1.25])
+        assert c.state.integral[0] != 0
+        # Imbalance 300% > fast_threshold: straight to the proportional split 800/200.
+        assert c.update(split, split / np.array([500.0, 125.0])).tolist() == [800, 200]
+        assert c.state.integral.tolist() == [0, 0]
+
+    def test_a_split_set_from_outside_restarts_the_state(self):
+        c = BatchController(ControllerConfig(1000))
+        split = c.update([500, 500], [1.0, 1.25])
+        split = c.update(split, split / np.array([500.0, 400.0]))
+        assert c.state.readings.tolist() == [2, 2] and c.state.integral[0] != 0
+        # The split that ran is not the one the controller chose: start from what ran.
+        # Its readings (rates 500 and 500) are the whole estimate, not folded into the old.
+        assert c.update([300, 700], [0.6, 1.4]).tolist() == [500, 500]
+        assert c.state.readings.tolist() == [1, 1]
+        assert c.state.rates == pytest.approx([500.0, 500.0])
+
+    @pytest.mark.parametrize("batches", [[0, 64], [-4, 68]])
+    def test_non_positive_batches_keep_the_split(self, batches):
+        c = BatchController(ControllerConfig(64))
+        assert c.update(batches, [0.1, 0.1]).tolist() == batches
+        assert c.state.adjustments == 0
+
+    @pytest.mark.parametrize("batches, times", [([10, 54], [0.1]), ([[10, 54]], [[0.1, 0.2]])])
+    def test_mismatched_shapes_are_refused(self, batches, times):
+        with pytest.raises(DynBatchError, match="batch sizes"):
+            BatchController(ControllerConfig(64)).update(batches, times)
+
+
+@pytest.mark.parametrize("rule", list(Rule))
+@pytest.mark.parametrize("bound", [dict(min_batch=10), dict(max_batch=10)])
+def test_bounds_with_no_slack_pin_every_worker(rule, bound):
+    """B = 4 x the bound: the only split that fits is 10 each, whatever the times say."""
+    c = BatchController(ControllerConfig(40, rule=rule, **bound))
+    split = c.initial_split(4)
+    for times in ([0.1, 0.4, 0.2, 0.9], [1.0, 0.1, 0.1, 0.1], [0.1, 0.1, 0.1, 5.0]):
+        split = c.update(split, times)
+        assert split.tolist() == [10, 10, 10, 10]

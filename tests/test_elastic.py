@@ -12,12 +12,17 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
-from hvd_dynbatch.elastic import on_reset
+from hvd_dynbatch.comm import Communicator
+from hvd_dynbatch.config import TrainConfig
+from hvd_dynbatch.elastic import on_reset, progress_of, resume
 from hvd_dynbatch.launch import Launcher, kill_tree, start_local, wait_local
-from hvd_dynbatch.metrics import read_metrics
+from hvd_dynbatch.metrics import read_metrics, step_records
+from hvd_dynbatch.sampler import VariableBatchSampler
 from hvd_dynbatch.timing import StepTimer
+from hvd_dynbatch.training import Trainer
 from launcher import CLI
 
 DISCOVER = str(Path(__file__).resolve().parent.parent / "hostfiles" / "discover_hosts.sh")
@@ -31,7 +36,7 @@ TRAIN = ["train", "--elastic", "--model", "cnn", "--dataset", "digits", "--globa
 class ElasticJob:
     """A horovodrun elastic job whose hosts the test changes through a hosts file."""
 
-    def __init__(self, tmp_path, hosts, np, args):
+    def __init__(self, tmp_path, hosts, np, args, running):
         self.hosts_file, self.log = tmp_path / "hosts.txt", tmp_path / "job.log"
         self.metrics = tmp_path / "metrics.jsonl"
         self.samples = tmp_path / "samples"
@@ -42,6 +47,7 @@ class ElasticJob:
             log=str(tmp_path / "job.log"),
             env={"HVD_DYNBATCH_HOSTS_FILE": str(self.hosts_file)},
             elastic_discovery=DISCOVER, min_np=1, max_np=3)
+        running.append(self.proc)
 
     def set_hosts(self, hosts):
         self.hosts_file.write_text("\n".join(hosts) + "\n")
@@ -61,14 +67,41 @@ class ElasticJob:
                 pytest.fail(f"the job ended (exit {self.proc.returncode}) before {what}:\n"
                             f"{self.log.read_text()[-3000:]}")
             time.sleep(0.5)
-        kill_tree(self.proc.pid)
-        pytest.fail(f"timed out waiting for {what}")
+        pytest.fail(f"timed out waiting for {what}:\n{self.log.read_text()[-3000:]}")
 
     def finish(self, timeout=240):
         result = wait_local(self.proc, timeout)
         assert not result.timed_out, "the elastic job did not finish in time"
         assert result.returncode == 0, self.log.read_text()[-3000:]
         return read_metrics(str(self.metrics))
+
+
+@pytest.fixture
+def running():
+    """Launcher processes a test started; whatever is still running at its end, passed or
+    failed, is killed with all its ranks."""
+    procs = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            kill_tree(proc.pid)
+            proc.wait()
+
+
+def check_summary(records):
+    """Cross-rank facts of a finished elastic run: every rank had the same weights at every
+    evaluation and at the end, and the summary counts the samples of the steps that counted
+    (the latest record of a step redone after a reset)."""
+    evals = [r for r in records if r.get("type") == "eval"]
+    assert evals and all(len(set(e["weights_checksums"])) == 1 for e in evals), evals
+    summary = records[-1]
+    assert summary["type"] == "summary"
+    assert summary["weights_identical"], summary["weights_checksums"]
+    assert len(summary["weights_checksums"]) == summary["world_size"]
+    latest = {r["step"]: r for r in step_records(records)}
+    assert summary["samples"] == sum(r["global_batch"] for r in latest.values())
+    assert summary["steps"] == len(latest) == max(latest) + 1
+    return summary
 
 
 def sample_coverage(sample_dir, dataset_size):
@@ -88,10 +121,10 @@ def sample_coverage(sample_dir, dataset_size):
     return exact, redone
 
 
-def test_grow_and_shrink_with_scaled_batch_and_smooth_learning_rate(tmp_path):
+def test_grow_and_shrink_with_scaled_batch_and_smooth_learning_rate(tmp_path, running):
     job = ElasticJob(tmp_path, ["localhost:2"], 2,
                      ["--max-steps", "400", "--batch-policy", "scale", "--lr-rule", "smooth",
-                      "--smooth-steps", "10", "--lr", "0.04"])
+                      "--smooth-steps", "10", "--lr", "0.04", "--eval-every", "10"], running)
     job.wait_for(lambda s: len(s) >= 20, "20 steps on 2 workers")
     job.set_hosts(["localhost:3"])
     job.wait_for(lambda s: sum(r["world_size"] == 3 for r in s) >= 40, "40 steps on 3 workers")
@@ -119,15 +152,18 @@ def test_grow_and_shrink_with_scaled_batch_and_smooth_learning_rate(tmp_path):
 
     exact, redone = sample_coverage(job.samples, DIGITS_TRAIN)
     assert len(exact) >= 20 and all(exact.values()), exact
-    summary = records[-1]
-    assert summary["type"] == "summary" and summary["steps"] == 400
+    summary = check_summary(records)
+    assert summary["steps"] == 400 and summary["world_size"] == 2
     assert summary["elastic_generations"] == 3
+    # The worker that joined had the others' weights: evaluations on 3 workers agree too.
+    assert any(len(e["weights_checksums"]) == 3 for e in records if e.get("type") == "eval")
 
 
-def test_a_killed_worker_is_survived_from_the_last_commit(tmp_path):
+def test_a_killed_worker_is_survived_from_the_last_commit(tmp_path, running):
     # Two host names for this machine: Horovod blacklists the host of a failed worker, and
     # a job whose every host is blacklisted stops.
-    job = ElasticJob(tmp_path, ["localhost:2", "127.0.0.1:1"], 3, ["--max-steps", "200"])
+    job = ElasticJob(tmp_path, ["localhost:2", "127.0.0.1:1"], 3, ["--max-steps", "200"],
+                     running)
     job.wait_for(lambda s: len(s) >= 25, "25 steps on 3 workers")
     victim = next(job.samples.glob("127.0.0.1-*.jsonl")).stem.split("-")[1]
     os.kill(int(victim), signal.SIGKILL)
@@ -136,12 +172,16 @@ def test_a_killed_worker_is_survived_from_the_last_commit(tmp_path):
 
     resets = [r for r in records if r.get("type") == "reset"]
     assert resets and resets[-1]["world_size"] == 2
-    assert resets[-1]["step"] % 10 == 0, "survivors go on from a commit"
+    resumed = resets[-1]["step"]
+    assert resumed % 10 == 0, "survivors go on from a commit"
     steps = {r["step"] for r in records if "batch_sizes" in r}
     assert steps == set(range(200))
     exact, redone = sample_coverage(job.samples, DIGITS_TRAIN)
     assert all(exact.values()) and len(exact) >= 10
-    assert redone and max(redone) - min(redone) < 10, "only steps after the last commit redo"
+    # Only steps after the last commit are redone (none, if the kill came right after it).
+    assert all(resumed <= step < resumed + 10 for step in redone), (resumed, redone)
+    summary = check_summary(records)
+    assert summary["world_size"] == 2
 
 
 def test_reset_callback_does_not_communicate():
@@ -163,16 +203,97 @@ def test_reset_callback_does_not_communicate():
     assert timer.smoothed != timer.smoothed  # NaN: timings start afresh
 
 
-def test_without_elastic_a_lost_worker_ends_the_job_with_an_error(tmp_path):
+class World(Communicator):
+    """Rank and size of a world, without a way to talk to it: resuming is local."""
+
+    backend = "none"
+
+    def __init__(self, rank, size):
+        self._rank, self._size = rank, size
+
+    rank = property(lambda self: self._rank)
+    size = property(lambda self: self._size)
+
+    def allgather(self, values):
+        raise AssertionError("resuming must not communicate")
+
+
+class LocalTrainer(Trainer):
+    """A trainer built without Horovod: its optimizer is the plain one."""
+
+    def _distribute(self, optimizer):
+        return optimizer
+
+
+ELASTIC = TrainConfig(model="linear", global_batch=64, elastic=True, seed=5, lr_rule="smooth")
+
+
+@pytest.fixture(scope="module")
+def committed():
+    """Rank 0 of 2 at a commit after 7 steps: a moved split, the controller's state, the
+    sampler's position, the clocks, the learning rate ramping back after B went 64 -> 128 ->
+    64; and the progress it commits."""
+    trainer = LocalTrainer(ELASTIC, World(0, 2))
+    trainer.join_world(World(0, 2))
+    for times in ([0.1, 0.3], [0.1, 0.25]):
+        trainer.sampler.batch_sizes = trainer.controller.update(trainer.sampler.batch_sizes,
+                                                                times)
+    for _ in range(7):
+        trainer.sampler.next_step()
+    trainer.step, trainer.samples, trainer.train_seconds = 7, 448, 1.5
+    trainer.schedule.on_batch_change(3, 128)
+    trainer.schedule.on_batch_change(5, 64)
+    return trainer, progress_of(trainer)
+
+
+def test_a_world_of_the_same_size_resumes_with_the_committed_split(committed):
+    trainer, progress = committed
+    assert trainer.sampler.batch_sizes != (32, 32) and trainer.controller.state.adjustments == 2
+    joined = LocalTrainer(ELASTIC, World(1, 2))
+    resume(joined, progress, World(1, 2))
+    assert (joined.rank, joined.size) == (1, 2)
+    assert joined.sampler.batch_sizes == trainer.sampler.batch_sizes
+    assert joined.controller.state.state_dict() == trainer.controller.state.state_dict()
+    assert joined.sampler.state_dict() == trainer.sampler.state_dict()
+    assert (joined.step, joined.samples, joined.train_seconds) == (7, 448, 1.5)
+    assert trainer.schedule.lr(10) != ELASTIC.lr
+    assert [joined.schedule.lr(k) for k in range(50)] == [trainer.schedule.lr(k)
+                                                         for k in range(50)]
+    assert joined.generation == trainer.generation + 1
+    # It takes rank 1's slice of the step the job goes on with.
+    ahead = VariableBatchSampler(len(trainer.data.train), 1, trainer.sampler.batch_sizes,
+                                 ELASTIC.seed)
+    ahead.load_state_dict(trainer.sampler.state_dict())
+    assert joined.sampler.next_step().indices.tolist() == ahead.next_step().indices.tolist()
+
+
+def test_a_world_of_another_size_resumes_from_an_even_split(committed):
+    trainer, progress = committed
+    grown = LocalTrainer(ELASTIC, World(2, 3))
+    resume(grown, progress, World(2, 3))
+    assert grown.sampler.batch_sizes == (22, 21, 21)
+    assert grown.controller.state.adjustments == 0
+    assert grown.sampler.state_dict() == trainer.sampler.state_dict()
+    assert progress_of(grown)["split"] == [22, 21, 21]
+
+
+def lines_in(directory: Path) -> dict:
+    """Lines written so far to each file of `directory`."""
+    return {f: len(f.read_text().splitlines()) for f in directory.iterdir()}
+
+
+def test_without_elastic_a_lost_worker_ends_the_job_with_an_error(tmp_path, running):
     samples = tmp_path / "samples"
     proc = start_local(Launcher.GLOO, 2, [
         *CLI, "train", "--model", "cnn", "--epochs", "100", "--max-steps", "2000",
         "--slowdown", "30,30", "--no-progress", "--sample-log", str(samples)])
+    running.append(proc)
     deadline = time.monotonic() + 60
-    while not (samples.exists() and len(list(samples.iterdir())) == 2):
+    # Both ranks have trained a few steps: the victim dies in the middle of training.
+    while not (samples.exists() and len(lines_in(samples)) == 2
+               and min(lines_in(samples).values()) >= 3):
         assert time.monotonic() < deadline and proc.poll() is None, "the job did not start"
-        time.sleep(0.5)
-    time.sleep(2)
+        time.sleep(0.2)
     victim = sorted(samples.iterdir())[0].stem.split("-")[-1]
     os.kill(int(victim), signal.SIGKILL)
     result = wait_local(proc, timeout=60)

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from hvd_dynbatch.errors import DynBatchError
-from hvd_dynbatch.sampler import VariableBatchSampler
+from hvd_dynbatch.sampler import ShardStream, VariableBatchSampler
 
 
 def samplers(n, sizes, seed=0, **kw):
@@ -26,6 +26,28 @@ def test_every_sample_once_per_epoch_while_the_split_changes():
     for epoch in (0, 1):
         assert sorted(seen[epoch]) == list(range(1000))
     assert seen[0] != seen[1], "each epoch has its own order"
+
+
+def test_every_sample_once_when_the_global_batch_and_the_ranks_change_mid_epoch():
+    """What elastic runs and --batch-schedule do: B changes mid-epoch (64 -> 24), then the
+    job goes from 3 ranks to 2, whose samplers restore the position from a saved state."""
+    ranks = samplers(500, [20, 20, 24], seed=9)
+    used = []
+    for _ in range(3):
+        used.extend(i for s in ranks for i in s.next_step().indices)
+    for s in ranks:
+        s.batch_sizes = [8, 8, 8]
+    for _ in range(4):
+        used.extend(i for s in ranks for i in s.next_step().indices)
+    state = ranks[0].state_dict()
+    ranks = samplers(500, [30, 10], seed=0)
+    for s in ranks:
+        s.load_state_dict(state)
+    while ranks[0].epoch == 0:
+        plans = [s.next_step() for s in ranks]
+        assert len({(p.epoch, p.offset, p.sizes) for p in plans}) == 1
+        used.extend(i for p in plans for i in p.indices)
+    assert sorted(used) == list(range(500))
 
 
 def test_rank_slices_are_contiguous_in_the_shared_permutation():
@@ -63,6 +85,13 @@ def test_position_restores_to_the_same_stream():
         assert a.next_step().indices.tolist() == b.next_step().indices.tolist()
 
 
+@pytest.mark.parametrize("offset", [-1, 500, 501])
+def test_a_saved_position_outside_the_dataset_is_refused(offset):
+    sampler = VariableBatchSampler(500, 0, [7, 9])
+    with pytest.raises(DynBatchError, match=f"offset {offset} is outside"):
+        sampler.load_state_dict({"epoch": 0, "offset": offset, "seed": 0})
+
+
 def test_it_is_a_pytorch_batch_sampler():
     import torch
 
@@ -98,3 +127,27 @@ def test_min_share_keeps_every_non_empty_slice_trainable():
             used = sum(plan.global_size for plan in steps)
             assert used == size - (size % sum(split) if size % sum(split) < 2 else 0)
             assert sampler.next_step().epoch == 1
+
+
+class TestShardStream:
+    def test_shards_are_disjoint_and_cover_each_epoch(self):
+        streams = [ShardStream(103, rank, 3, seed=4) for rank in range(3)]
+        firsts = [s.take(len(s._shard())) for s in streams]
+        assert sorted(np.concatenate(firsts).tolist()) == list(range(103))
+        assert [len(f) for f in firsts] == [35, 34, 34]
+        assert all((s.epoch, s.position) == (1, 0) for s in streams)
+
+    def test_taking_past_the_shard_wraps_into_the_next_epoch(self):
+        streams = [ShardStream(20, rank, 2, seed=3) for rank in range(2)]
+        taken = [np.concatenate([s.take(7) for _ in range(3)]) for s in streams]
+        assert all(len(t) == 21 and (s.epoch, s.position) == (2, 1)
+                   for s, t in zip(streams, taken))
+        for epoch in (slice(0, 10), slice(10, 20)):
+            assert sorted(np.concatenate([t[epoch] for t in taken])) == list(range(20))
+        assert taken[0][:10].tolist() != taken[0][10:20].tolist(), "each epoch has its order"
+        again = ShardStream(20, 1, 2, seed=3)
+        assert again.take(21).tolist() == taken[1].tolist(), "the stream is seeded"
+
+    def test_a_dataset_smaller_than_the_world_is_refused(self):
+        with pytest.raises(DynBatchError, match="cannot be sharded over 3 ranks"):
+            ShardStream(2, 0, 3)
