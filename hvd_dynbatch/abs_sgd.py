@@ -49,7 +49,8 @@ class WindowRule:
             raise DynBatchError(f"the target global batch must be positive, "
                                 f"got {self.target_batch}")
         if not 0 < self.gain <= 1:
-            raise DynBatchError(f"the window gain must be in (0, 1], got {self.gain}")
+            raise DynBatchError(f"the window gain (--window-gain) must be in (0, 1], "
+                                f"got {self.gain}")
 
     def next_window(self, window: float, samples: float, reduce_seconds: float) -> float:
         """T_{k+1} from T_k, the global sample count N_k it gave, and the reduction time."""

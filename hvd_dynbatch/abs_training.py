@@ -14,7 +14,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .abs_sgd import WindowRule
 from .errors import DynBatchError
 from .sampler import ShardStream, StepPlan
 from .training import Trainer
@@ -28,7 +27,7 @@ class ABSTrainer(Trainer):
         if config.micro_batch < self.least_batch:
             raise DynBatchError(f"model {config.model} has batch norm, which cannot train on "
                                 f"{config.micro_batch} sample; use --micro-batch 2 or more")
-        self.rule = WindowRule(config.global_batch)
+        self.rule = config.window_rule()
         self.stream = ShardStream(len(self.data.train), comm.rank, comm.size, config.seed)
         self.window = math.nan        # seconds; NaN: the first window counts samples instead
         self.updates = 0

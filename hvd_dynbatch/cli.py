@@ -5,16 +5,20 @@ horovodrun, mpirun or srun; `demo` starts such a job on this machine itself.
 """
 from __future__ import annotations
 
+import dataclasses
+import enum
 import json
 import sys
 
 import click
 
-from .config import Batching, BatchPolicy
+from .config import Batching, BatchPolicy, TrainConfig
 from .controller import Rule
 from .errors import DynBatchError
 from .lr import RULES
 from .simulator import RateDistribution
+
+_TRAIN_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
 
 
 class _Group(click.Group):
@@ -61,71 +65,77 @@ def _int_list(ctx, param, value):
         raise click.BadParameter(f"expected comma-separated integers, got '{value}'") from None
 
 
+def _configured(*decls, **kwargs):
+    """A `train` option whose default is `TrainConfig`'s, so that every default is written
+    once; the option's name is the field's."""
+    field = decls[0].split("/")[0].lstrip("-").replace("-", "_")
+    default = _TRAIN_DEFAULTS[field]
+    if isinstance(default, enum.Enum):
+        default = default.value
+    if default is None or default == ():
+        return click.option(*decls, **kwargs)
+    return click.option(*decls, default=default, show_default=True, **kwargs)
+
+
 @main.command()
-@click.option("--model", default="mlp", show_default=True,
-              help="linear, mlp, cnn, resnet18, resnet50 or torchvision:NAME.")
-@click.option("--dataset", default="digits", show_default=True,
-              help="digits (embedded), synthetic or imagefolder.")
-@click.option("--data-dir", type=click.Path(), help="Root of an imagefolder dataset.")
-@click.option("--image-size", default=64, show_default=True, help="imagefolder image side.")
-@click.option("--global-batch", default=64, show_default=True, help="B, summed over ranks.")
-@click.option("--lr", default=0.05, show_default=True, help="Learning rate.")
-@click.option("--momentum", default=0.9, show_default=True)
-@click.option("--seed", default=0, show_default=True)
-@click.option("--epochs", default=1, show_default=True)
-@click.option("--max-steps", type=int, help="Stop after this many steps.")
-@click.option("--batching", type=click.Choice([b.value for b in Batching]),
-              default="dynamic", show_default=True)
-@click.option("--controller", type=click.Choice([r.value for r in Rule]), default="pid",
-              show_default=True, help="Dynamic batching rule: plain proportional or refined.")
-@click.option("--adjust-every", default=5, show_default=True,
-              help="Steps between timing exchanges (and split adjustments).")
-@click.option("--min-batch", default=1, show_default=True, help="Smallest batch of one rank.")
-@click.option("--max-batch", type=int, help="Largest batch of one rank (a memory cap).")
-@click.option("--initial-split", callback=_int_list, help="First split, e.g. 16,48.")
-@click.option("--slowdown", help="Emulated slowdown per rank, '1,4', or a schedule "
-                                 "'0:1,4;50:4,1' (factors from each step on).")
-@click.option("--eval-every", default=0, show_default=True,
-              help="Steps between test evaluations (0: each epoch end).")
-@click.option("--target-accuracy", type=float,
-              help="Stop when the test accuracy reaches this (0-1); records the time to it.")
-@click.option("--metrics", type=click.Path(), help="JSON-lines metrics file (rank 0).")
-@click.option("--save-model", type=click.Path(), help="Rank 0 writes the final state_dict.")
-@click.option("--threads", default=1, show_default=True, help="Compute threads per rank.")
-@click.option("--loader-workers", default=0, show_default=True,
-              help="DataLoader worker processes decoding each step's samples (imagefolder).")
-@click.option("--progress/--no-progress", default=True, show_default=True,
-              help="Progress bar on rank 0 (only on a terminal).")
-@click.option("--warmup-steps", default=0, show_default=True,
-              help="Linear learning-rate warm-up over this many steps.")
-@click.option("--lr-decay-steps", callback=_int_list,
-              help="Steps at which the learning rate is multiplied by --lr-decay, e.g. 100,200.")
-@click.option("--lr-decay", default=0.1, show_default=True)
-@click.option("--elastic", is_flag=True,
-              help="Survive workers joining and leaving (horovodrun elastic mode, Gloo).")
-@click.option("--batch-policy", type=click.Choice([p.value for p in BatchPolicy]),
-              default="fixed", show_default=True,
-              help="On a world-size change: keep B, or scale it with the worker count.")
-@click.option("--lr-rule", type=click.Choice(list(RULES)),
-              help="Learning rate on a change of B: none, linear, sqrt, smooth "
-                   "[default: smooth under --batch-policy scale, else none].")
-@click.option("--smooth-steps", default=20, show_default=True,
-              help="Steps of the smooth rule's ramp per factor of batch change.")
-@click.option("--commit-every", default=10, show_default=True,
-              help="Steps between elastic state commits.")
-@click.option("--batch-schedule", callback=_batch_schedule,
-              help="Change the global batch at given steps, e.g. 100:128 (not with --elastic); "
-                   "the learning-rate rule applies as to an elastic change.")
-@click.option("--micro-batch", default=8, show_default=True,
-              help="ABS-SGD: samples per micro-batch within a compute window.")
-@click.option("--sample-log", type=click.Path(),
-              help="Directory where each process logs the sample indices of every step.")
+@_configured("--model", help="linear, mlp, cnn, resnet18, resnet50 or torchvision:NAME.")
+@_configured("--dataset", help="digits (embedded), synthetic or imagefolder.")
+@_configured("--data-dir", type=click.Path(), help="Root of an imagefolder dataset.")
+@_configured("--image-size", help="imagefolder image side.")
+@_configured("--global-batch", help="B, summed over ranks.")
+@_configured("--lr", help="Learning rate.")
+@_configured("--momentum")
+@_configured("--seed")
+@_configured("--epochs", type=int,
+             help="Stop after this many epochs [default: 1, unless --max-steps is given].")
+@_configured("--max-steps", type=int, help="Stop after this many steps.")
+@_configured("--batching", type=click.Choice([b.value for b in Batching]))
+@_configured("--controller", type=click.Choice([r.value for r in Rule]),
+             help="Dynamic batching rule: plain proportional or refined.")
+@_configured("--controller-gain",
+             help="pid: fraction of the way to the balanced split moved per adjustment.")
+@_configured("--integral-gain", help="pid: weight of the accumulated same-sign error.")
+@_configured("--adjust-every", help="Steps between timing exchanges (and split adjustments).")
+@_configured("--min-batch", help="Smallest batch of one rank.")
+@_configured("--max-batch", type=int, help="Largest batch of one rank (a memory cap).")
+@_configured("--initial-split", callback=_int_list, help="First split, e.g. 16,48.")
+@_configured("--slowdown", help="Emulated slowdown per rank, '1,4', or a schedule "
+                                "'0:1,4;50:4,1' (factors from each step on).")
+@_configured("--eval-every", help="Steps between test evaluations (0: each epoch end).")
+@_configured("--target-accuracy", type=float,
+             help="Stop when the test accuracy reaches this (0-1); records the time to it.")
+@_configured("--metrics", type=click.Path(), help="JSON-lines metrics file (rank 0).")
+@_configured("--save-model", type=click.Path(), help="Rank 0 writes the final state_dict.")
+@_configured("--threads", help="Compute threads per rank.")
+@_configured("--loader-workers",
+             help="DataLoader worker processes decoding each step's samples (imagefolder).")
+@_configured("--progress/--no-progress", help="Progress bar on rank 0 (only on a terminal).")
+@_configured("--warmup-steps", help="Linear learning-rate warm-up over this many steps.")
+@_configured("--lr-decay-steps", callback=_int_list,
+             help="Steps at which the learning rate is multiplied by --lr-decay, e.g. 100,200.")
+@_configured("--lr-decay")
+@_configured("--elastic", is_flag=True,
+             help="Survive workers joining and leaving (horovodrun elastic mode, Gloo).")
+@_configured("--batch-policy", type=click.Choice([p.value for p in BatchPolicy]),
+             help="On a world-size change: keep B, or scale it with the worker count.")
+@_configured("--lr-rule", type=click.Choice(list(RULES)),
+             help="Learning rate on a change of B: none, linear, sqrt, smooth "
+                  "[default: smooth under --batch-policy scale, else none].")
+@_configured("--smooth-steps", help="Steps of the smooth rule's ramp per factor of batch change.")
+@_configured("--commit-every", help="Steps between elastic state commits.")
+@_configured("--batch-schedule", callback=_batch_schedule,
+             help="Change the global batch at given steps, e.g. 100:128 (not with --elastic); "
+                  "the learning-rate rule applies as to an elastic change.")
+@_configured("--micro-batch", help="ABS-SGD: samples per micro-batch within a compute window.")
+@_configured("--window-gain",
+             help="ABS-SGD: fraction of the way to the target batch the window moves per step.")
+@_configured("--sample-log", type=click.Path(),
+             help="Directory where each process logs the sample indices of every step.")
 def train(**options):
     """Train on this rank of a Horovod job (run under horovodrun, mpirun or srun)."""
     import horovod.torch as hvd
     from horovod.common.exceptions import HorovodInternalError
 
-    from .config import TrainConfig
     from .training import train as run_training
 
     config = TrainConfig(**options)

@@ -12,6 +12,7 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
+from .abs_sgd import WindowRule
 from .controller import BatchController, ControllerConfig, Rule
 from .errors import DynBatchError
 from .heterogeneity import Slowdown
@@ -38,8 +39,13 @@ class TrainConfig:
     """Everything one training run needs; checked on construction.
 
     The run ends after `epochs` epochs, after `max_steps` steps, or when the test accuracy
-    reaches `target_accuracy`, whichever comes first. The test set is evaluated every
+    reaches `target_accuracy`, whichever comes first; with neither `epochs` nor `max_steps`
+    it runs one epoch, and `max_steps` alone sets its length. The test set is evaluated every
     `eval_every` steps (0: at the end of each epoch) and at the end.
+
+    `controller_gain` and `integral_gain` are the "pid" rule's (see `controller`),
+    `window_gain` the ABS-SGD window rule's (see `abs_sgd`); their defaults are those
+    modules' own.
 
     With `elastic`, the run survives workers joining and leaving (Horovod Elastic), committing
     its state every `commit_every` steps; `batch_policy` and `lr_rule` say what a change of
@@ -55,10 +61,12 @@ class TrainConfig:
     lr: float = 0.05
     momentum: float = 0.9
     seed: int = 0
-    epochs: int = 1
+    epochs: Optional[int] = None
     max_steps: Optional[int] = None
     batching: Batching = Batching.DYNAMIC
     controller: Rule = Rule.PID
+    controller_gain: float = ControllerConfig.gain
+    integral_gain: float = ControllerConfig.integral_gain
     adjust_every: int = 5
     min_batch: int = 1
     max_batch: Optional[int] = None
@@ -83,6 +91,7 @@ class TrainConfig:
     sample_log: Optional[str] = None
     batch_schedule: Sequence[Tuple[int, int]] = ()
     micro_batch: int = 8
+    window_gain: float = WindowRule.gain
 
     def __post_init__(self):
         object.__setattr__(self, "batching", Batching(self.batching))
@@ -107,14 +116,14 @@ class TrainConfig:
         if self.lr_rule not in RULES:
             raise DynBatchError(f"unknown --lr-rule '{self.lr_rule}'; choose one of "
                                 f"{', '.join(RULES)}")
-        for name in ("global_batch", "epochs", "adjust_every", "min_batch", "timing_window",
+        for name in ("global_batch", "adjust_every", "min_batch", "timing_window",
                      "threads", "image_size", "smooth_steps", "commit_every", "micro_batch"):
             if getattr(self, name) < 1:
                 raise DynBatchError(f"--{name.replace('_', '-')} must be positive, "
                                     f"got {getattr(self, name)}")
         if self.loader_workers < 0:
             raise DynBatchError(f"--loader-workers must not be negative, got {self.loader_workers}")
-        for name in ("max_steps", "max_batch"):
+        for name in ("epochs", "max_steps", "max_batch"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise DynBatchError(f"--{name.replace('_', '-')} must be positive, got {value}")
@@ -128,6 +137,7 @@ class TrainConfig:
             raise DynBatchError(f"--target-accuracy must be in (0, 1], got {self.target_accuracy}")
         # Checked here, on every rank, so that a bad value fails before any collective.
         self.controller_config()
+        self.window_rule()
         self.base_schedule()
         if self.slowdown:
             Slowdown.parse(self.slowdown)
@@ -138,7 +148,20 @@ class TrainConfig:
         the minimum batch raised to `least_batch` (what the model can train on)."""
         return ControllerConfig(global_batch=global_batch or self.global_batch,
                                 min_batch=max(self.min_batch, least_batch),
-                                max_batch=self.max_batch, rule=self.controller)
+                                max_batch=self.max_batch, rule=self.controller,
+                                gain=self.controller_gain, integral_gain=self.integral_gain)
+
+    def window_rule(self) -> WindowRule:
+        """ABS-SGD's compute-window rule for the target global batch."""
+        return WindowRule(self.global_batch, self.window_gain)
+
+    def planned_steps(self, steps_per_epoch: int) -> int:
+        """How many steps the run takes at most, given the steps of one epoch."""
+        if self.max_steps is None:
+            return (self.epochs or 1) * steps_per_epoch
+        if self.epochs is None:
+            return self.max_steps
+        return min(self.max_steps, self.epochs * steps_per_epoch)
 
     def base_schedule(self) -> BaseSchedule:
         return BaseSchedule(self.warmup_steps, self.lr_decay_steps, self.lr_decay)

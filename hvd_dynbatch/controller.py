@@ -53,6 +53,10 @@ class Rule(str, enum.Enum):
     PID = "pid"
 
 
+# The train command's names for the settings it exposes, so that errors name what to change.
+_OPTION_NAMES = {"gain": "--controller-gain", "integral_gain": "--integral-gain"}
+
+
 @dataclass(frozen=True)
 class ControllerConfig:
     """Settings of the batch controller; checked on construction.
@@ -94,12 +98,14 @@ class ControllerConfig:
         for name in ("gain", "max_change"):
             value = getattr(self, name)
             if not 0 < value <= 1:
-                raise DynBatchError(f"{name} must be in (0, 1], got {value}")
+                raise DynBatchError(f"{_OPTION_NAMES.get(name, name)} must be in (0, 1], "
+                                    f"got {value}")
         if self.memory < 1:
             raise DynBatchError(f"memory must be at least 1 reading, got {self.memory}")
         for name in ("integral_gain", "deadband", "fast_threshold", "change_threshold"):
             if getattr(self, name) < 0:
-                raise DynBatchError(f"{name} must not be negative, got {getattr(self, name)}")
+                raise DynBatchError(f"{_OPTION_NAMES.get(name, name)} must not be negative, "
+                                    f"got {getattr(self, name)}")
 
     def check_world(self, world_size: int) -> None:
         """Raise `DynBatchError` unless `world_size` workers can share the global batch."""

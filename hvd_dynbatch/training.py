@@ -183,7 +183,7 @@ class Trainer:
         Collective: every rank runs the same steps and exchanges.
         """
         cfg = self.cfg
-        total = self._planned_steps()
+        total = cfg.planned_steps(self._steps_per_epoch())
         progress = self._progress_bar(total)
         try:
             while self.step < total and self.time_to_target is None:
@@ -239,9 +239,6 @@ class Trainer:
     def _steps_per_epoch(self) -> int:
         return self.sampler.steps_per_epoch()
 
-    def _planned_steps(self) -> int:
-        steps = self.cfg.epochs * self._steps_per_epoch()
-        return steps if self.cfg.max_steps is None else min(steps, self.cfg.max_steps)
 
     def _progress_bar(self, total: int):
         if self.rank != 0 or not self.cfg.progress:
@@ -372,7 +369,7 @@ class Trainer:
             "elastic_generations": self.generation if self.cfg.elastic else None,
             "exchange_backend": self.comm.backend,
             "steps": self.step,
-            "epochs_completed": self.sampler.epoch,
+            "epochs_completed": self._epoch(),
             "samples": self.samples,
             "train_seconds": self.train_seconds,
             "samples_per_sec": self.samples / self.train_seconds if self.train_seconds else 0.0,
