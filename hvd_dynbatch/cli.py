@@ -66,8 +66,8 @@ def _int_list(ctx, param, value):
 
 
 def _configured(*decls, **kwargs):
-    """A `train` option whose default is `TrainConfig`'s, so that every default is written
-    once; the option's name is the field's."""
+    """A `train` option whose default is that of the `TrainConfig` field it names
+    (`--max-steps`: `max_steps`), so that every default is written once."""
     field = decls[0].split("/")[0].lstrip("-").replace("-", "_")
     default = _TRAIN_DEFAULTS[field]
     if isinstance(default, enum.Enum):
