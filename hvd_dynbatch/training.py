@@ -155,7 +155,8 @@ class Trainer:
                                 "generation": self.generation})
 
     def _set_global_batch(self, batch: int, split=None, first_split=None) -> np.ndarray:
-        """Make B `batch` from this step on: controller, split, learning-rate rule, timer.
+        """Make B `batch` from this step on: controller, split, learning-rate rule, timer; the
+        final split of the old B no longer applies.
 
         `split` keeps a committed split (and the controller's state); otherwise the split is
         `first_split(size, controller)` if given, else even. Local: no collective.
@@ -171,6 +172,7 @@ class Trainer:
             split = self.controller.initial_split(self.size)
         self.sampler.rank = self.rank
         self.sampler.batch_sizes = split
+        self.last_full_split = None
         self.schedule.on_batch_change(self.step, batch)
         self.timer.reset()
         return split
