@@ -1,13 +1,18 @@
-"""Test helper: run a command as N local ranks under a launcher and collect what each rank said.
+"""Test helpers: run the `hvd-dynbatch` command in one process, or a command as N local ranks
+under a launcher, and collect what it reported.
 
 Ranks report by printing JSON objects, one per line (see `hvd_dynbatch.launch.json_records`).
 """
 from __future__ import annotations
 
+import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from hvd_dynbatch.launch import JobResult, Launcher, json_records, run_local
+import torch
+
+from hvd_dynbatch.launch import JobResult, Launcher, json_records, local_env, run_local
+from hvd_dynbatch.metrics import read_metrics
 
 PYTHON = sys.executable
 CLI = [PYTHON, "-m", "hvd_dynbatch"]
@@ -32,6 +37,30 @@ class Ranks:
         """The job's output, for assertion messages."""
         return (f"exit {self.job.returncode}, timed out: {self.job.timed_out}\n"
                 f"--- stdout\n{self.job.stdout[-4000:]}\n--- stderr\n{self.job.stderr[-4000:]}")
+
+
+def run_cli(args, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`hvd-dynbatch ARGS` in one process (Horovod's world of one), its output captured."""
+    return subprocess.run([*CLI, *args], env=local_env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def train_one_process(args, tmp_path, name: str = "run"):
+    """`hvd-dynbatch train ARGS` in one process; its saved weights and its metrics records."""
+    model, metrics = tmp_path / f"{name}.pt", tmp_path / f"{name}.jsonl"
+    out = run_cli(["train", *args, "--no-progress", "--save-model", str(model), "--metrics",
+                   str(metrics)], timeout=300)
+    assert out.returncode == 0, out.stderr
+    return torch.load(model), read_metrics(str(metrics))
+
+
+def expect_user_error(out: subprocess.CompletedProcess, text: str) -> None:
+    """The command failed as a user mistake should: exit 2, every error line saying `text`,
+    no traceback."""
+    assert out.returncode == 2, out.stderr
+    errors = [line for line in out.stderr.splitlines() if "hvd-dynbatch: error:" in line]
+    assert errors and all(text in line for line in errors), out.stderr
+    assert "Traceback" not in out.stderr
 
 
 def run_ranks(launcher: Launcher, np: int, argv, timeout: float = 120, **kwargs) -> Ranks:

@@ -2,7 +2,6 @@
 import collections
 import json
 import math
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,10 +11,10 @@ import torch.nn.functional as F
 from hvd_dynbatch.abs_sgd import WindowRule
 from hvd_dynbatch.data import load_dataset
 from hvd_dynbatch.errors import DynBatchError
-from hvd_dynbatch.launch import Launcher, local_env
+from hvd_dynbatch.launch import Launcher
 from hvd_dynbatch.metrics import read_metrics
 from hvd_dynbatch.models import build_model
-from launcher import CLI, run_ranks
+from launcher import CLI, run_ranks, train_one_process
 
 
 class TestWindowRule:
@@ -104,11 +103,7 @@ def test_each_update_is_the_sample_weighted_mean_of_the_previous_window(tmp_path
 def test_epochs_count_target_batches_and_max_steps_sets_the_length(tmp_path):
     """ABS-SGD's epoch is ceil(1437 / 64) = 23 windows of the target batch; --max-steps 24
     alone runs past the first epoch (the default of one epoch does not cap it)."""
-    metrics = tmp_path / "m.jsonl"
-    out = subprocess.run([*CLI, "train", "--batching", "abs", "--model", "linear",
-                          "--global-batch", "64", "--max-steps", "24", "--no-progress",
-                          "--metrics", str(metrics)], env=local_env(), capture_output=True,
-                         text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    summary = read_metrics(str(metrics))[-1]
+    _, records = train_one_process(["--batching", "abs", "--model", "linear", "--global-batch",
+                                    "64", "--max-steps", "24"], tmp_path)
+    summary = records[-1]
     assert (summary["steps"], summary["epochs_completed"]) == (24, 1)

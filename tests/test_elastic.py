@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
 from hvd_dynbatch.comm import Communicator

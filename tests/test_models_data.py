@@ -1,17 +1,13 @@
 """Models by name and datasets by name, including an ImageFolder written on the spot."""
-import subprocess
-
 import pytest
 import torch
 
 from hvd_dynbatch.data import load_dataset, write_image_folder
 from hvd_dynbatch.errors import DynBatchError
-from hvd_dynbatch.launch import local_env
 from hvd_dynbatch.loader import BatchLoader
-from hvd_dynbatch.metrics import read_metrics
 from hvd_dynbatch.models import MODELS, build_model, least_batch
 from evaluation import top1_top5
-from launcher import CLI
+from launcher import train_one_process
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -73,14 +69,10 @@ def train_on_image_folder(tmp_path, folder: dict, options: list) -> tuple:
     """Write a generated ImageFolder, train one rank on it for 2 epochs of batch 4, and
     return the run's summary and its saved weights."""
     write_image_folder(tmp_path / "data", **folder)
-    metrics, model = tmp_path / "m.jsonl", tmp_path / "m.pt"
-    out = subprocess.run([*CLI, "train", "--dataset", "imagefolder", "--data-dir",
-                          str(tmp_path / "data"), "--global-batch", "4", "--epochs", "2",
-                          "--no-progress", "--metrics", str(metrics), "--save-model", str(model),
-                          *options],
-                         env=local_env(), capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    return read_metrics(str(metrics))[-1], torch.load(model)
+    weights, records = train_one_process(["--dataset", "imagefolder", "--data-dir",
+                                          str(tmp_path / "data"), "--global-batch", "4",
+                                          "--epochs", "2", *options], tmp_path)
+    return records[-1], weights
 
 
 def test_training_on_an_imagefolder_end_to_end(tmp_path):

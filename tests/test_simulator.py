@@ -1,16 +1,13 @@
 """The cluster model and the scale study: the allreduce cost, rate spreads, events, and the
 issue's scale targets for the controller (one process, no Horovod)."""
-import subprocess
-
 import numpy as np
 import pytest
 
 from hvd_dynbatch.controller import Rule
 from hvd_dynbatch.errors import DynBatchError
-from hvd_dynbatch.launch import local_env
 from hvd_dynbatch.simulator import (Event, EventKind, RateDistribution, RingAllreduce,
                                     Scenario, simulate, worker_rates)
-from launcher import CLI
+from launcher import expect_user_error, run_cli
 
 
 def test_ring_allreduce_cost():
@@ -72,9 +69,8 @@ def test_scale_targets_at_1024_workers():
 
 
 def test_simulate_command_prints_tables():
-    out = subprocess.run([*CLI, "simulate", "--workers", "8,32", "--adjustments", "12",
-                          "--events", "6:leave=0.25"], env=local_env(), capture_output=True,
-                         text=True, timeout=120)
+    out = run_cli(["simulate", "--workers", "8,32", "--adjustments", "12", "--events",
+                   "6:leave=0.25"])
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert sum(line.startswith(("| 8 ", "| 32 ")) for line in lines) == 8, out.stdout
@@ -90,7 +86,4 @@ def test_simulate_command_prints_tables():
      "workers for a global batch of 8"),
 ])
 def test_simulate_bad_input_is_one_clear_line(args, text):
-    out = subprocess.run([*CLI, "simulate", *args], env=local_env(), capture_output=True,
-                         text=True, timeout=120)
-    assert out.returncode == 2 and text in out.stderr, out.stderr
-    assert "Traceback" not in out.stderr
+    expect_user_error(run_cli(["simulate", *args]), text)

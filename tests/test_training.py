@@ -1,34 +1,24 @@
 """Training under real launchers: N ranks end with the weights of 1 rank, metrics, bad input."""
-import subprocess
-
 import pytest
 import torch
 
 from hvd_dynbatch.data import load_dataset
-from hvd_dynbatch.launch import Launcher, local_env
+from hvd_dynbatch.launch import Launcher
 from hvd_dynbatch.metrics import read_metrics, step_records
 from hvd_dynbatch.training import weights_checksum
 from evaluation import top1_top5
-from launcher import CLI, run_ranks
+from launcher import CLI, expect_user_error, run_cli, run_ranks, train_one_process
 
 # No batch-norm, no dropout: the update of a split step equals the one-rank step exactly.
-COMMON = ["train", "--model", "mlp", "--dataset", "digits", "--global-batch", "64",
+COMMON = ["--model", "mlp", "--dataset", "digits", "--global-batch", "64",
           "--lr", "0.05", "--seed", "3", "--epochs", "5", "--max-steps", "30", "--adjust-every", "2",
           "--eval-every", "10", "--no-progress"]
-
-
-def single_process(args, tmp_path, name):
-    model, metrics = tmp_path / f"{name}.pt", tmp_path / f"{name}.jsonl"
-    out = subprocess.run([*CLI, *args, "--save-model", str(model), "--metrics", str(metrics)],
-                         env=local_env(), capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    return torch.load(model), read_metrics(str(metrics))
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """The same training on one process: the weights every split must reproduce."""
-    return single_process(COMMON, tmp_path_factory.mktemp("one"), "one")
+    return train_one_process(COMMON, tmp_path_factory.mktemp("one"), "one")
 
 
 def smallest_rank(step: dict) -> int:
@@ -70,7 +60,7 @@ def test_n_ranks_end_with_the_weights_of_one(reference, tmp_path, launcher, np, 
                                              check_splits):
     ref_weights, ref_metrics = reference
     model, metrics = tmp_path / "n.pt", tmp_path / "n.jsonl"
-    job = run_ranks(launcher, np, [*CLI, *COMMON, *extra, "--save-model", str(model),
+    job = run_ranks(launcher, np, [*CLI, "train", *COMMON, *extra, "--save-model", str(model),
                                    "--metrics", str(metrics)], timeout=240)
     assert job.returncode == 0, job.explain()
     records = read_metrics(str(metrics))
@@ -126,10 +116,10 @@ def test_metrics_records_and_summary(reference):
 
 
 def test_batch_schedule_changes_the_batch_and_ramps_the_learning_rate(tmp_path):
-    _, records = single_process(["train", "--model", "linear", "--global-batch", "32",
-                                 "--lr", "0.1", "--max-steps", "33", "--epochs", "10",
-                                 "--batch-schedule", "20:64", "--lr-rule", "smooth",
-                                 "--smooth-steps", "5", "--no-progress"], tmp_path, "sched")
+    _, records = train_one_process(["--model", "linear", "--global-batch", "32", "--lr", "0.1",
+                                    "--max-steps", "33", "--epochs", "10", "--batch-schedule",
+                                    "20:64", "--lr-rule", "smooth", "--smooth-steps", "5"],
+                                   tmp_path)
     steps = {r["step"]: r for r in records if "batch_sizes" in r}
     assert steps[19]["global_batch"] == 32 and steps[20]["global_batch"] == 64
     assert [round(steps[s]["lr"], 4) for s in (19, 20, 25, 30, 32)] == [0.1, 0.1, 0.15, 0.2, 0.2]
@@ -139,9 +129,8 @@ def test_batch_schedule_changes_the_batch_and_ramps_the_learning_rate(tmp_path):
 
 
 def test_target_accuracy_stops_the_run_and_records_its_time(tmp_path):
-    _, records = single_process(["train", "--max-steps", "400", "--epochs", "20",
-                                 "--eval-every", "5", "--target-accuracy", "0.8",
-                                 "--no-progress"], tmp_path, "target")
+    _, records = train_one_process(["--max-steps", "400", "--epochs", "20", "--eval-every",
+                                    "5", "--target-accuracy", "0.8"], tmp_path)
     summary = records[-1]
     evals = [r for r in records if r.get("type") == "eval"]
     # The run stops at its first evaluation at the target, and that is its time to target.
@@ -149,13 +138,6 @@ def test_target_accuracy_stops_the_run_and_records_its_time(tmp_path):
     assert summary["time_to_target"] == evals[-1]["time"]
     assert summary["steps"] == evals[-1]["step"] < 400
     assert summary["final_accuracy"] == evals[-1]["accuracy"]
-
-
-def expect_user_error(out, text):
-    assert out.returncode == 2, out.stderr
-    errors = [line for line in out.stderr.splitlines() if "hvd-dynbatch: error:" in line]
-    assert errors and all(text in line for line in errors), out.stderr
-    assert "Traceback" not in out.stderr
 
 
 @pytest.mark.parametrize("args, text", [
@@ -176,15 +158,12 @@ def expect_user_error(out, text):
      "use --micro-batch 2 or more"),
 ])
 def test_bad_input_is_one_clear_line(args, text):
-    out = subprocess.run([*CLI, "train", "--max-steps", "2", "--no-progress", *args],
-                         env=local_env(), capture_output=True, text=True, timeout=120)
-    expect_user_error(out, text)
+    expect_user_error(run_cli(["train", "--max-steps", "2", "--no-progress", *args]), text)
 
 
 def test_demo_with_a_slowdown_for_another_rank_count_is_one_clear_line():
-    out = subprocess.run([*CLI, "demo", "--np", "3", "--slowdown", "1,4"], env=local_env(),
-                         capture_output=True, text=True, timeout=120)
-    expect_user_error(out, "lists 2 factors but the job has 3 ranks")
+    expect_user_error(run_cli(["demo", "--np", "3", "--slowdown", "1,4"]),
+                      "lists 2 factors but the job has 3 ranks")
 
 
 def test_bad_input_under_a_launcher_fails_on_every_rank_without_hanging():
