@@ -1,8 +1,11 @@
 """hvd-dynbatch: data-parallel training with Horovod on workers that are not alike.
 
-The pure pieces (controller, sampler, timer, slowdown, the cluster simulator) import only
-numpy and the standard library. The pieces bound to Horovod (`DistributedOptimizer`, `for_horovod`, `train`) import
-it when they are first used, so importing this package starts nothing.
+A training script takes `DynamicBatching` (its loader, the step's weight, timing, the
+exchange and the controller) and the weighted `DistributedOptimizer`; see
+`examples/pytorch_mnist_dynbatch.py`. The pure pieces (controller, sampler, timer, slowdown,
+the cluster simulator) import only numpy and the standard library. The pieces bound to torch
+or Horovod (`DynamicBatching`, `DistributedOptimizer`, `for_horovod`, `train`) are imported
+when first used, so importing this package starts nothing.
 """
 from .controller import BatchController, ControllerConfig, Rule, apportion
 from .errors import DynBatchError
@@ -14,6 +17,8 @@ from .timing import StepTimer
 __version__ = "0.1.0"
 
 _LAZY = {
+    "DynamicBatching": "batching",
+    "StepRecord": "batching",
     "BatchLoader": "loader",
     "DistributedOptimizer": "weighting",
     "batch_weight": "weighting",

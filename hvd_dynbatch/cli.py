@@ -133,18 +133,18 @@ def _configured(*decls, **kwargs):
              help="Directory where each process logs the sample indices of every step.")
 def train(**options):
     """Train on this rank of a Horovod job (run under horovodrun, mpirun or srun)."""
-    import horovod.torch as hvd
-    from horovod.common.exceptions import HorovodInternalError
-
+    from .backend import stopped_by_peer
     from .training import train as run_training
 
     config = TrainConfig(**options)
     try:
         summary = run_training(config)
-    except HorovodInternalError as exc:
+    except Exception as exc:
+        if not stopped_by_peer(exc):
+            raise
         raise DynBatchError(f"another rank failed, so this one stopped ({exc}); add --elastic "
                             f"(under horovodrun's elastic mode) to survive lost workers") from None
-    if hvd.rank() == 0:
+    if summary["rank"] == 0:
         click.echo(_summary_line(summary))
 
 

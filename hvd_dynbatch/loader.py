@@ -28,9 +28,9 @@ class _StepChunks:
         return len(self.chunks)
 
 
-class _Batches(Dataset):
+class SplitDataset(Dataset):
     """A split (anything with `fetch(indices)` and `len`) as a map-style dataset that hands
-    whole chunks to the DataLoader's workers."""
+    whole batches to the DataLoader's workers (with `collate_fn=as_is`)."""
 
     def __init__(self, split):
         self.split = split
@@ -42,7 +42,8 @@ class _Batches(Dataset):
         return self.split.fetch(indices)
 
 
-def _as_is(batch):
+def as_is(batch):
+    """The collate function of `SplitDataset`: its batches are already tensors."""
     return batch
 
 
@@ -56,8 +57,8 @@ class BatchLoader:
         self._chunks = _StepChunks()
         self._loader = None
         if workers:
-            self._loader = DataLoader(_Batches(split), batch_sampler=self._chunks,
-                                      num_workers=workers, collate_fn=_as_is,
+            self._loader = DataLoader(SplitDataset(split), batch_sampler=self._chunks,
+                                      num_workers=workers, collate_fn=as_is,
                                       persistent_workers=True)
 
     def fetch(self, indices: Sequence[int]) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -10,7 +10,9 @@ The last step of an epoch takes what is left (fewer than B samples), split in pr
 the current batch sizes, so a rank can get an empty slice there; `drop_last=True` skips it.
 A model with batch norm cannot train on one sample, so `min_share` makes every non-empty
 slice at least that large (a slice too small goes to the rank with the most); fewer than
-`min_share` samples left are skipped, as `drop_last` would.
+`min_share` samples left are skipped, as `drop_last` would. With `empty_slices=False` (a
+user's DataLoader cannot hand out an empty batch) every rank gets at least `min_share` in the
+short step too, and a rest smaller than `min_share` per rank is skipped.
 Pure arithmetic: no communication, no Horovod.
 """
 from __future__ import annotations
@@ -47,11 +49,12 @@ class VariableBatchSampler:
     """
 
     def __init__(self, dataset_size: int, rank: int, batch_sizes: Sequence[int], seed: int = 0,
-                 drop_last: bool = False, min_share: int = 1):
+                 drop_last: bool = False, min_share: int = 1, empty_slices: bool = True):
         if dataset_size < 1:
             raise DynBatchError(f"the dataset is empty (size {dataset_size})")
         self.dataset_size = int(dataset_size)
-        self.min_share = int(min_share)
+        self.min_share = max(int(min_share), 1)
+        self.empty_slices = empty_slices
         self.rank = int(rank)
         self.seed = int(seed)
         self.drop_last = drop_last
@@ -78,9 +81,13 @@ class VariableBatchSampler:
     def global_batch(self) -> int:
         return sum(self._sizes)
 
+    def _least_step(self) -> int:
+        """The fewest samples a short last step may have; fewer are skipped."""
+        return self.min_share if self.empty_slices else self.min_share * len(self._sizes)
+
     def steps_per_epoch(self) -> int:
         full, rest = divmod(self.dataset_size, self.global_batch)
-        return full + (1 if rest >= max(self.min_share, 1) and not self.drop_last else 0)
+        return full + (1 if rest >= self._least_step() and not self.drop_last else 0)
 
     def permutation(self, epoch: int) -> np.ndarray:
         """The epoch's order of samples, the same on every rank."""
@@ -92,7 +99,7 @@ class VariableBatchSampler:
     def next_step(self) -> StepPlan:
         """The next step's plan; advances the position (rolling over to the next epoch)."""
         left = self.dataset_size - self.offset
-        if left < self.global_batch and (self.drop_last or left < self.min_share):
+        if left < self.global_batch and (self.drop_last or left < self._least_step()):
             self.epoch, self.offset, left = self.epoch + 1, 0, self.dataset_size
         sizes = self._sizes
         if left < self.global_batch:
@@ -107,7 +114,10 @@ class VariableBatchSampler:
 
     def _short_step(self, left: int) -> tuple:
         """The split of an epoch's last `left` samples: in proportion to the batch sizes, then
-        slices below `min_share` handed to the rank with the most."""
+        slices below `min_share` handed to the rank with the most (or, without empty slices,
+        at least `min_share` each)."""
+        if not self.empty_slices:
+            return tuple(int(s) for s in apportion(self._sizes, left, lower=self.min_share))
         sizes = [int(s) for s in apportion(self._sizes, left, lower=0)]
         small = [i for i, s in enumerate(sizes) if 0 < s < self.min_share]
         for i in sorted(small, key=lambda k: (sizes[k], k)):

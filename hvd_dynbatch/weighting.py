@@ -10,7 +10,9 @@ each rank scales its own gradient by b_i / B before a `op=Sum` allreduce.
 
 `DistributedOptimizer` wraps `hvd.DistributedOptimizer` that way: a hook on every parameter
 multiplies the gradient by the current weight before it is accumulated into `.grad`, which is
-before Horovod's own hook starts the allreduce. Tell it each step's batch sizes with
+before Horovod's own hook starts the allreduce. The weight comes from a `DynamicBatching`
+(`batching=`), which the optimizer also tells when compute ends (`synchronize`) and when the
+step ends (`step`); without one, tell it each step's batch sizes with
 `set_batch_size(local, global)`; until then the weight is 1 / size, Horovod's plain average.
 """
 from __future__ import annotations
@@ -27,35 +29,56 @@ def batch_weight(local_batch: int, global_batch: int) -> float:
 
 
 class _BatchWeighted:
-    """Mixed into Horovod's optimizer class: the weight and the hooks that apply it."""
+    """Mixed into Horovod's optimizer class: the weight, the hooks that apply it, and the
+    calls that tell a `DynamicBatching` where the step is. `_horovod` is Horovod's class."""
 
     def set_batch_size(self, local_batch: int, global_batch: int) -> None:
         """Weight this rank's gradients of the coming backward pass by local / global."""
+        if self._batching is not None:
+            raise DynBatchError("this optimizer takes its weights from its DynamicBatching; "
+                                "do not call set_batch_size")
         self._batch_weight = batch_weight(local_batch, global_batch)
 
     @property
     def batch_weight(self) -> float:
-        return self._batch_weight
+        return self._batch_weight if self._batching is None else self._batching.weight
+
+    def synchronize(self):
+        if self._batching is not None:
+            self._batching.compute_done()
+        return self._horovod.synchronize(self)
+
+    def step(self, closure=None):
+        """Horovod's step (which waits for the allreduce), then, with a `DynamicBatching`,
+        its `step_done()`: a collective every `adjust_every` steps."""
+        loss = self._horovod.step(self, closure)
+        if self._batching is not None:
+            self._batching.step_done()
+        return loss
 
     def _register_weight_hooks(self, weight: float) -> None:
         self._batch_weight = weight
         for group in self.param_groups:
             for p in group["params"]:
                 if p.requires_grad:
-                    p.register_hook(lambda grad: grad * self._batch_weight)
+                    p.register_hook(lambda grad: grad * self.batch_weight)
 
 
-def DistributedOptimizer(optimizer, named_parameters=None, **kwargs):
+def DistributedOptimizer(optimizer, named_parameters=None, batching=None, **kwargs):
     """`hvd.DistributedOptimizer` whose allreduce is weighted by each rank's batch size.
 
-    Takes Horovod's arguments except `op`, which is always `hvd.Sum`. The result is still an
-    instance of the user's optimizer class (so schedulers and `state_dict` work) with one more
-    method, `set_batch_size(local_batch, global_batch)`, to call before each backward pass.
+    Takes Horovod's arguments except `op`, which is always `hvd.Sum`, and
+    `gradient_predivide_factor`, which only applies to averaging. With `batching` (a
+    `DynamicBatching`) the weights and the step's timing come from it; without, call
+    `set_batch_size(local_batch, global_batch)` before each backward pass. The result is
+    still an instance of the user's optimizer class (so schedulers and `state_dict` work).
     """
     import horovod.torch as hvd
 
-    if "op" in kwargs:
-        raise DynBatchError("the weighted optimizer always reduces with op=hvd.Sum; drop 'op'")
+    for name, fix in (("op", "it always reduces with op=hvd.Sum"),
+                      ("gradient_predivide_factor", "the batch weights replace averaging")):
+        if name in kwargs:
+            raise DynBatchError(f"the weighted optimizer takes no '{name}' ({fix}); drop it")
     wrapped = hvd.DistributedOptimizer(optimizer, named_parameters=named_parameters,
                                        op=hvd.Sum, **kwargs)
     # Horovod builds its optimizer class on the fly from the user's class and calls
@@ -65,6 +88,31 @@ def DistributedOptimizer(optimizer, named_parameters=None, **kwargs):
     horovod_class = type(wrapped)
     methods = {k: v for k, v in vars(_BatchWeighted).items() if not k.startswith("__")}
     wrapped.__class__ = type(horovod_class.__name__, horovod_class.__bases__,
-                             {**vars(horovod_class), **methods})
+                             {**vars(horovod_class), **methods, "_horovod": horovod_class})
+    wrapped._batching = batching
     wrapped._register_weight_hooks(1.0 / hvd.size())
     return wrapped
+
+
+class _LocalSteps:
+    """Mixed into the user's optimizer class in a job of one process: no allreduce (one rank's
+    mean gradient is the step's), only the calls that tell the `DynamicBatching` where the
+    step is. `_base` is the user's class."""
+
+    def synchronize(self) -> None:
+        self._batching.compute_done()
+
+    def step(self, closure=None):
+        self.synchronize()
+        loss = self._base.step(self, closure)
+        self._batching.step_done()
+        return loss
+
+
+def LocalOptimizer(optimizer, batching):
+    """`optimizer` as a one-process job's `DistributedOptimizer(..., batching=batching)`."""
+    base = type(optimizer)
+    methods = {k: v for k, v in vars(_LocalSteps).items() if not k.startswith("__")}
+    optimizer.__class__ = type(base.__name__, (base,), {**methods, "_base": base})
+    optimizer._batching = batching
+    return optimizer

@@ -10,17 +10,16 @@ import os
 import signal
 import time
 from pathlib import Path
-from types import SimpleNamespace
-
 import pytest
+import torch
 
+from hvd_dynbatch.backend import LocalBackend
 from hvd_dynbatch.comm import Communicator
 from hvd_dynbatch.config import TrainConfig
-from hvd_dynbatch.elastic import on_reset, progress_of, resume
+from hvd_dynbatch.elastic import on_reset
 from hvd_dynbatch.launch import Launcher, kill_tree, start_local, wait_local
 from hvd_dynbatch.metrics import read_metrics, step_records
 from hvd_dynbatch.sampler import VariableBatchSampler
-from hvd_dynbatch.timing import StepTimer
 from hvd_dynbatch.training import Trainer
 from launcher import CLI
 
@@ -183,27 +182,8 @@ def test_a_killed_worker_is_survived_from_the_last_commit(tmp_path, running):
     assert summary["world_size"] == 2
 
 
-def test_reset_callback_does_not_communicate():
-    """Horovod runs reset callbacks before the state sync, where a collective would hang.
-
-    Horovod is not initialised in this process, so any Horovod call would raise, and the
-    trainer's communicator raises on any use.
-    """
-    class NoComm:
-        def __getattr__(self, name):
-            raise AssertionError(f"the reset callback used the communicator ({name})")
-
-    timer = StepTimer()
-    timer.record(1.0)
-    trainer = SimpleNamespace(pending=[(1, 0.1, 2.0)], pending_info=[{"step": 3}],
-                              timer=timer, comm=NoComm())
-    on_reset(trainer)
-    assert trainer.pending == [] and trainer.pending_info == []
-    assert timer.smoothed != timer.smoothed  # NaN: timings start afresh
-
-
 class World(Communicator):
-    """Rank and size of a world, without a way to talk to it: resuming is local."""
+    """Rank and size of a world, without a way to talk to it: binding and resuming are local."""
 
     backend = "none"
 
@@ -217,63 +197,87 @@ class World(Communicator):
         raise AssertionError("resuming must not communicate")
 
 
-class LocalTrainer(Trainer):
-    """A trainer built without Horovod: its optimizer is the plain one."""
+class WorldBackend(LocalBackend):
+    """A one-process backend that claims to be rank `rank` of `size`."""
 
-    def _distribute(self, optimizer):
-        return optimizer
+    def __init__(self, rank, size):
+        self.world = World(rank, size)
+
+    def communicator(self):
+        return self.world
 
 
-ELASTIC = TrainConfig(model="linear", global_batch=64, elastic=True, seed=5, lr_rule="smooth")
+# No exchange within the steps below (adjust_every), so no communication is needed.
+ELASTIC = TrainConfig(model="linear", global_batch=64, elastic=True, seed=5, lr_rule="smooth",
+                      adjust_every=1000)
+
+
+def run_steps(trainer, count):
+    """Hand out and close `count` steps without training (the position is what matters)."""
+    batches = iter(trainer.steps.loader)
+    for _ in range(count):
+        next(batches)
+        trainer.steps.batching.step_done()
 
 
 @pytest.fixture(scope="module")
 def committed():
-    """Rank 0 of 2 at a commit after 7 steps: a moved split, the controller's state, the
-    sampler's position, the clocks, the learning rate ramping back after B went 64 -> 128 ->
-    64; and the progress it commits."""
-    trainer = LocalTrainer(ELASTIC, World(0, 2))
+    """Rank 0 of 2 after 7 steps: a moved split, the controller's state, the position, the
+    clock, the learning rate ramping back after B went 64 -> 128 -> 64; and its state."""
+    trainer = Trainer(ELASTIC, WorldBackend(0, 2))
     trainer.join_world(World(0, 2))
-    for times in ([0.1, 0.3], [0.1, 0.25]):
-        trainer.sampler.batch_sizes = trainer.controller.update(trainer.sampler.batch_sizes,
-                                                                times)
-    for _ in range(7):
-        trainer.sampler.next_step()
-    trainer.step, trainer.samples, trainer.train_seconds = 7, 448, 1.5
+    batching = trainer.steps.batching
+    batching.set_global_batch(64, split=(20, 44))
+    batching.controller.update((20, 44), [0.1, 0.3])
+    run_steps(trainer, 7)
     trainer.schedule.on_batch_change(3, 128)
     trainer.schedule.on_batch_change(5, 64)
-    return trainer, progress_of(trainer)
+    return trainer, trainer.state_dict()
+
+
+def test_reset_callback_does_not_communicate(committed):
+    """Horovod runs reset callbacks before the state sync, where a collective would hang:
+    the trainer's communicator raises on any use, and there are 7 steps' facts to drop."""
+    trainer, _ = committed
+    batching = trainer.steps.batching
+    assert len(batching._exchange) == 7 and batching.timer.smoothed > 0
+    on_reset(trainer)
+    assert len(batching._exchange) == 0
+    assert batching.timer.smoothed != batching.timer.smoothed  # NaN: timings start afresh
 
 
 def test_a_world_of_the_same_size_resumes_with_the_committed_split(committed):
-    trainer, progress = committed
-    assert trainer.sampler.batch_sizes != (32, 32) and trainer.controller.state.adjustments == 2
-    joined = LocalTrainer(ELASTIC, World(1, 2))
-    resume(joined, progress, World(1, 2))
+    trainer, state = committed
+    batching = trainer.steps.batching
+    assert batching.split == (20, 44) and batching.controller.state.adjustments == 1
+    joined = Trainer(ELASTIC, WorldBackend(1, 2))
+    joined.join_world(World(1, 2), committed=state)
+    resumed = joined.steps.batching
     assert (joined.rank, joined.size) == (1, 2)
-    assert joined.sampler.batch_sizes == trainer.sampler.batch_sizes
-    assert joined.controller.state.state_dict() == trainer.controller.state.state_dict()
-    assert joined.sampler.state_dict() == trainer.sampler.state_dict()
-    assert (joined.step, joined.samples, joined.train_seconds) == (7, 448, 1.5)
+    assert resumed.split == (20, 44)
+    assert resumed.controller.state.state_dict() == batching.controller.state.state_dict()
+    assert resumed.state_dict()["position"] == batching.state_dict()["position"]
+    assert (resumed.step, resumed.clock) == (7, batching.clock) and resumed.step == 7
     assert trainer.schedule.lr(10) != ELASTIC.lr
     assert [joined.schedule.lr(k) for k in range(50)] == [trainer.schedule.lr(k)
                                                          for k in range(50)]
-    assert joined.generation == trainer.generation + 1
+    assert joined.run.generation == trainer.run.generation + 1
     # It takes rank 1's slice of the step the job goes on with.
-    ahead = VariableBatchSampler(len(trainer.data.train), 1, trainer.sampler.batch_sizes,
-                                 ELASTIC.seed)
-    ahead.load_state_dict(trainer.sampler.state_dict())
-    assert joined.sampler.next_step().indices.tolist() == ahead.next_step().indices.tolist()
+    ahead = VariableBatchSampler(len(trainer.data.train), 1, (20, 44), ELASTIC.seed)
+    ahead.load_state_dict(batching.state_dict()["position"])
+    x, _ = next(iter(joined.steps.loader))
+    assert torch.equal(x, trainer.data.train.fetch(ahead.next_step().indices)[0])
 
 
 def test_a_world_of_another_size_resumes_from_an_even_split(committed):
-    trainer, progress = committed
-    grown = LocalTrainer(ELASTIC, World(2, 3))
-    resume(grown, progress, World(2, 3))
-    assert grown.sampler.batch_sizes == (22, 21, 21)
-    assert grown.controller.state.adjustments == 0
-    assert grown.sampler.state_dict() == trainer.sampler.state_dict()
-    assert progress_of(grown)["split"] == [22, 21, 21]
+    trainer, state = committed
+    grown = Trainer(ELASTIC, WorldBackend(2, 3))
+    grown.join_world(World(2, 3), committed=state)
+    resumed = grown.steps.batching
+    assert resumed.split == (22, 21, 21)
+    assert resumed.controller.state.adjustments == 0
+    assert resumed.state_dict()["position"] == trainer.steps.batching.state_dict()["position"]
+    assert grown.state_dict()["steps"]["splits"] == [[7, [22, 21, 21]]]
 
 
 def lines_in(directory: Path) -> dict:

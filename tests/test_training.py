@@ -49,9 +49,11 @@ def static_split_with_an_empty_slice(steps):
 
 
 @pytest.mark.parametrize("launcher, np, extra, check_splits", [
-    (Launcher.GLOO, 2, ["--slowdown", "1,4", "--initial-split", "14,50"],
+    (Launcher.GLOO, 2, ["--slowdown", "1,4", "--initial-split", "14,50",
+                        "--loader-workers", "2"],
      slow_rank_gets_less_after_starting_with_more),
-    (Launcher.MPIRUN, 3, ["--slowdown", "0:1,1,3;14:3,1,1", "--controller", "p"],
+    (Launcher.MPIRUN, 3, ["--slowdown", "0:1,1,3;14:3,1,1", "--controller", "p",
+                          "--loader-workers", "1"],
      split_follows_the_slowdown_flip),
     (Launcher.MPI, 2, ["--batching", "static", "--initial-split", "63,1"],
      static_split_with_an_empty_slice),

@@ -1,0 +1,189 @@
+"""The ABS-SGD step strategy (see `abs_sgd` for the method and its window rule).
+
+One step is one compute window of micro-batches, closed by starting the asynchronous
+allreduce of its gradient sum and applying the previous window's reduced gradient. A peer of
+`sync_steps.SynchronousSteps`; `training.Trainer` drives either through the same calls.
+"""
+from __future__ import annotations
+
+import collections
+import math
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .backend import Backend
+from .batching import StepExchange
+from .config import TrainConfig
+from .errors import DynBatchError
+from .loader import BatchLoader
+from .sampler import ShardStream, StepPlan
+
+
+class ABSWindows:
+    """Delayed synchronous SGD with adaptive batch size on this rank of a job."""
+
+    def __init__(self, cfg: TrainConfig, data, model, backend: Backend, least_batch: int):
+        if cfg.micro_batch < least_batch:
+            raise DynBatchError(f"model {cfg.model} has batch norm, which cannot train on "
+                                f"{cfg.micro_batch} sample; use --micro-batch 2 or more")
+        self.cfg, self.model, self.backend = cfg, model, backend
+        self.comm = backend.communicator()
+        self.rule = cfg.window_rule()
+        self.dataset_size = len(data.train)
+        self.loader = BatchLoader(data.train, cfg.loader_workers)
+        self.stream = ShardStream(self.dataset_size, self.comm.rank, self.comm.size, cfg.seed)
+        # The reduction is done here, once per window; no per-backward allreduce.
+        self.optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.step = 0
+        self.clock = 0.0              # training seconds: this rank's windows and exchanges
+        self.exchange_seconds = 0.0
+        self.samples = 0
+        self.last_sizes = []          # every rank's samples in the last exchanged window
+        self.window = math.nan        # seconds; NaN: the first window counts samples instead
+        self.updates = 0
+        self.handle = None            # the allreduce in flight, and when it started
+        self.reduce_seconds = 0.0     # this rank's estimate of what a reduction costs
+        self.recent_reductions = collections.deque(maxlen=10)
+        self._exchange = StepExchange()
+        self._records = []
+
+    @property
+    def epoch(self) -> int:
+        """The job's epoch, counted in target batches so that it is the same on every rank
+        (each rank passes over its own shard at its own pace)."""
+        return self.step // self.steps_per_epoch()
+
+    def steps_per_epoch(self) -> int:
+        return math.ceil(self.dataset_size / self.cfg.global_batch)
+
+    @property
+    def global_batch(self) -> int:
+        """The target global batch (a window's actual one varies)."""
+        return self.cfg.global_batch
+
+    @property
+    def split(self) -> tuple:
+        """No planned split: each rank's samples per window are measured, not set."""
+        return ()
+
+    def final_split(self) -> list:
+        return self.last_sizes
+
+    def bind(self, comm, split=None, global_batch=None) -> tuple:
+        """ABS-SGD runs on a fixed world (the configuration refuses elastic runs)."""
+        self.comm = comm
+        return ()
+
+    def train_step(self, lr: float, emulator, sample_log, generation: int) -> dict:
+        """Compute one window, start its reduction, apply the previous one's.
+
+        Collective: the allreduce, and every `adjust_every` windows the exchange.
+        """
+        cfg, started = self.cfg, time.perf_counter()
+        first_quota = math.ceil(cfg.global_batch / self.comm.size)
+        count, loss_sum, used = 0, 0.0, []
+        self.model.train()
+        while True:
+            indices = self.stream.take(cfg.micro_batch)
+            x, y = self.loader.fetch(indices)
+            began = time.perf_counter()
+            loss = F.cross_entropy(self.model(x), y, reduction="sum")
+            forward = time.perf_counter() - began
+            emulator.after_forward(self.step, forward)
+            began = time.perf_counter()
+            loss.backward()
+            emulator.after_backward(forward, time.perf_counter() - began)
+            count, loss_sum = count + len(indices), loss_sum + loss.item()
+            used.append(indices)
+            self._note_reduction_done()
+            elapsed = time.perf_counter() - started
+            if (count >= first_quota if math.isnan(self.window) else elapsed >= self.window):
+                break
+        compute = time.perf_counter() - started
+        sample_log.write(generation, self.step, StepPlan(
+            self.stream.epoch, self.stream.position, (count,), np.concatenate(used)),
+            self.comm.rank)
+        flat = torch.cat([p.grad.reshape(-1) for p in self.params] + [torch.tensor(
+            [count, loss_sum, compute, self.reduce_seconds], dtype=self.params[0].dtype)])
+        if math.isnan(self.window):
+            self.window = compute
+        self._apply_pending(lr)
+        self.handle = (self.backend.allreduce_sum_async(flat, "abs_sgd.window"),
+                       time.perf_counter(), None)
+        self.optimizer.zero_grad()
+        step_seconds = time.perf_counter() - started
+        self.clock += step_seconds
+        self._exchange.add(self.step, self.stream.epoch, count, compute, step_seconds,
+                           loss_sum / count)
+        self.step += 1
+        if self.step % cfg.adjust_every == 0:
+            self._gather()
+        return {"step_time": step_seconds, "lr": lr, "window": self.window}
+
+    def _note_reduction_done(self) -> None:
+        """Record when the reduction in flight finished, if it has (polled between
+        micro-batches, so the time is known to one micro-batch)."""
+        if self.handle is not None and self.handle[2] is None and \
+                self.backend.done(self.handle[0]):
+            self.handle = (self.handle[0], self.handle[1], time.perf_counter())
+
+    def _apply_pending(self, lr: float) -> None:
+        """Wait for the previous window's reduction and apply its mean gradient."""
+        if self.handle is None:
+            return
+        handle, began, done = self.handle
+        reduced = self.backend.wait(handle)
+        # A rank's measured reduction includes waiting for the last rank to submit; the
+        # shortest recent one is the nearest to the transfer itself.
+        self.recent_reductions.append((done or time.perf_counter()) - began)
+        self.reduce_seconds = min(self.recent_reductions)
+        self.handle = None
+        count, _, compute_sum, reduce_sum = reduced[-4:].tolist()
+        mean = reduced[:-4] / count
+        offset = 0
+        for p in self.params:
+            p.grad = mean[offset:offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        # The first window counted samples; its mean length over the ranks seeds the rule,
+        # so that from here on every rank computes the same window from reduced values.
+        window = compute_sum / self.comm.size if self.updates == 0 else self.window
+        self.window = self.rule.next_window(window, count, reduce_sum / self.comm.size)
+        self.updates += 1
+
+    def _gather(self) -> list:
+        if not len(self._exchange):
+            return []
+        started = time.perf_counter()
+        _, records = self._exchange.gather(self.comm)
+        self.samples += sum(r.global_batch for r in records)
+        self.last_sizes = records[-1].batch_sizes
+        elapsed = time.perf_counter() - started
+        self.clock += elapsed
+        self.exchange_seconds += elapsed
+        self._records.extend(records)
+        return records
+
+    def take_records(self) -> list:
+        """The records of the windows exchanged since the last call (local)."""
+        records, self._records = self._records, []
+        return records
+
+    def exchange(self) -> list:
+        """Exchange what is pending; the records of all windows exchanged since the last
+        call. Collective."""
+        self._gather()
+        return self.take_records()
+
+    def drain(self, lr: float) -> None:
+        """Flush: apply the last window's gradient, so every window enters one update."""
+        self._apply_pending(lr)
+
+    def forget_uncommitted(self) -> None:
+        self._exchange.clear()

@@ -1,0 +1,118 @@
+"""The training loop's backend: every Horovod call the loop makes, behind one small interface.
+
+`HorovodBackend` binds the loop to a Horovod job: the batch-weighted `DistributedOptimizer`
+(see `weighting`), the initial broadcast of the weights, the asynchronous sum-allreduce that
+ABS-SGD overlaps with compute, and Horovod Elastic's state object and retry loop.
+`LocalBackend` is a job of one process with the same interface and no Horovod at all, so the
+loop runs in a unit test. The exchange of the toolkit's own few numbers per rank is the
+`Communicator` (`comm`), which each backend hands out.
+"""
+from __future__ import annotations
+
+import abc
+
+from .comm import Communicator, LocalCommunicator
+
+
+class Backend(abc.ABC):
+    """What the training loop needs from the job it runs in."""
+
+    @abc.abstractmethod
+    def communicator(self) -> Communicator:
+        """The communicator of the current world (call again after an elastic reset)."""
+
+    @abc.abstractmethod
+    def weighted_optimizer(self, optimizer, model, batching):
+        """`optimizer` with gradients weighted by `batching.weight` and summed over the ranks,
+        telling `batching` where each step is (see `weighting.DistributedOptimizer`)."""
+
+    @abc.abstractmethod
+    def broadcast_parameters(self, model) -> None:
+        """Give every rank rank 0's weights. Collective."""
+
+    @abc.abstractmethod
+    def allreduce_sum_async(self, tensor, name: str):
+        """Start summing `tensor` over the ranks; returns a handle. Collective."""
+
+    @abc.abstractmethod
+    def done(self, handle) -> bool:
+        """Whether the reduction of `handle` has finished (local)."""
+
+    @abc.abstractmethod
+    def wait(self, handle):
+        """Wait for the reduction of `handle` and return the sum."""
+
+
+class LocalBackend(Backend):
+    """A job of one process: the reductions are the identity."""
+
+    def communicator(self) -> Communicator:
+        return LocalCommunicator()
+
+    def weighted_optimizer(self, optimizer, model, batching):
+        from .weighting import LocalOptimizer
+
+        return LocalOptimizer(optimizer, batching)
+
+    def broadcast_parameters(self, model) -> None:
+        pass
+
+    def allreduce_sum_async(self, tensor, name: str):
+        return tensor
+
+    def done(self, handle) -> bool:
+        return True
+
+    def wait(self, handle):
+        return handle
+
+
+class HorovodBackend(Backend):
+    """The running Horovod job (initialises Horovod)."""
+
+    def __init__(self):
+        import horovod.torch as hvd
+
+        hvd.init()
+        self._hvd = hvd
+
+    def communicator(self) -> Communicator:
+        from .comm import for_horovod
+
+        return for_horovod()
+
+    def weighted_optimizer(self, optimizer, model, batching):
+        from .weighting import DistributedOptimizer
+
+        return DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                    batching=batching)
+
+    def broadcast_parameters(self, model) -> None:
+        self._hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+
+    def allreduce_sum_async(self, tensor, name: str):
+        return self._hvd.allreduce_async(tensor, op=self._hvd.Sum, name=name)
+
+    def done(self, handle) -> bool:
+        return bool(self._hvd.poll(handle))
+
+    def wait(self, handle):
+        return self._hvd.synchronize(handle)
+
+    def run_elastic(self, model, optimizer, progress: dict, on_reset, train) -> None:
+        """Run `train(state)` under Horovod Elastic until it returns: `state` (a `TorchState`
+        of `model`, `optimizer` and the plain-values dict `progress`) is committed by
+        `state.commit()` and restored on failures; `on_reset()` runs on every reset, before
+        the state sync (so it must not communicate)."""
+        state = self._hvd.elastic.TorchState(model=model, optimizer=optimizer,
+                                             progress=progress)
+        state.register_reset_callbacks([on_reset])
+        self._hvd.elastic.run(train)(state)
+
+
+def stopped_by_peer(exc: BaseException) -> bool:
+    """Whether `exc` is Horovod's error for a collective that failed because another rank
+    did (a non-elastic job then ends)."""
+    from horovod.common.exceptions import HorovodInternalError
+
+    return isinstance(exc, HorovodInternalError)

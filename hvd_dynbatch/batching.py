@@ -1,0 +1,519 @@
+"""The dynamic-batching protocol of one rank, owned by one object: `DynamicBatching`.
+
+A training script keeps its loop; three of its objects come from here:
+
+    batching = DynamicBatching(train_dataset, global_batch=64 * hvd.size())
+    train_loader = batching.loader(num_workers=2)      # the user's DataLoader options
+    optimizer = DistributedOptimizer(optimizer, named_parameters=..., batching=batching)
+
+    for data, target in train_loader:                 # this rank's slice of each step
+        optimizer.zero_grad()
+        loss_fn(model(data), target).backward()       # gradients weighted by b_i / B
+        optimizer.step()                              # allreduce; timing; every few steps
+                                                      # the exchange and the controller
+
+What happens in one step on rank i:
+
+1. The loader's batch sampler plans the step: the next B indices of the epoch's seeded
+   permutation (the same on every rank), split as the split in force for that step says, and
+   rank i's contiguous slice of them (see `sampler.VariableBatchSampler`).
+2. Asking the loader for the batch starts the step's clock. The optimizer's gradient hooks
+   weight the gradient by b_i / B (`weight`), so Horovod's sum-allreduce gives the mean over
+   all B samples: N ranks take the step one rank would take on the whole global batch.
+3. When the optimizer starts to synchronize (backward has ended) the compute time is taken;
+   the wait for other ranks is not part of it. `optimizer.step()` then closes the step.
+4. Every `adjust_every` steps the ranks all-gather each step's (batch, compute time, step
+   time, loss) and their smoothed compute times; the controller computes the next split from
+   them, the same on every rank, so no broadcast is needed.
+
+Prefetch: a DataLoader with w workers and prefetch factor p asks its batch sampler for the
+step w * p ahead of the one the loop is on. So a split decided after step k takes effect at
+step k + 1 + `lag`, with `lag` = w * p by default (0 without workers): every step's indices
+are known before any worker fetches them, and every rank plans the same steps with the same
+split, so the result does not depend on how far each loader has run ahead. The lag must be
+the same on every rank (checked at the first exchange). While a decision waits to take
+effect the controller does not act again, and the timings start afresh when it does.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import time
+from typing import List, Optional, Sequence
+
+import numpy as np
+from torch.utils.data import DataLoader
+
+from .comm import Communicator
+from .controller import BatchController, ControllerConfig, ControllerState
+from .errors import DynBatchError
+from .sampler import StepPlan, VariableBatchSampler
+from .timing import StepTimer
+
+# Each step's facts in the exchange: batch, compute seconds, step seconds, loss.
+_FACTS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRecord:
+    """One finished step as every rank saw it, from an exchange."""
+
+    step: int
+    epoch: int
+    batch_sizes: List[int]      # every rank's batch
+    compute_times: List[float]  # every rank's compute seconds
+    step_times: List[float]     # every rank's whole step, waiting included
+    loss: float                 # the mean over the step's samples (NaN if not recorded)
+
+    @property
+    def global_batch(self) -> int:
+        return sum(self.batch_sizes)
+
+
+class StepExchange:
+    """This rank's facts of the steps since the last exchange, and the all-gather that
+    shares them as `StepRecord`s. Used by every step strategy (planned steps, ABS windows)."""
+
+    def __init__(self):
+        self._facts, self._steps = [], []
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def add(self, step: int, epoch: int, batch: int, compute: float, step_seconds: float,
+            loss: float) -> None:
+        """Note one finished step of this rank (local)."""
+        self._facts.append((batch, compute, step_seconds, loss))
+        self._steps.append((step, epoch))
+
+    def clear(self) -> None:
+        self._facts, self._steps = [], []
+
+    def gather(self, comm: Communicator, head: Sequence[float] = ()):
+        """All-gather `head` (a few values per rank) and the noted steps; returns the
+        gathered heads, shape (size, len(head)), and the steps' records. Clears the notes.
+
+        Collective: every rank calls it with the same number of steps noted.
+        """
+        gathered = comm.allgather([*head, *np.ravel(self._facts)])
+        heads, facts = gathered[:, :len(head)], gathered[:, len(head):]
+        facts = facts.reshape(comm.size, -1, _FACTS)
+        records = [StepRecord(step, epoch, facts[:, k, 0].astype(int).tolist(),
+                              facts[:, k, 1].tolist(), facts[:, k, 2].tolist(),
+                              _weighted_mean(facts[:, k, 3], facts[:, k, 0]))
+                   for k, (step, epoch) in enumerate(self._steps)]
+        self.clear()
+        return heads, records
+
+
+class DynamicBatching:
+    """The per-step batching protocol of one rank: plan, weight, time, exchange, control.
+
+    `dataset` is anything with a length (the user's map-style `Dataset`); `global_batch` is
+    B, the samples of one step over all ranks. `comm` carries the exchange (default: the
+    running Horovod job's, see `comm.for_horovod`). With `adaptive=False` the split stays
+    even (static batching) and everything else works the same. `controller` holds the
+    controller's settings (`ControllerConfig`; its `global_batch` is replaced by B).
+    `least_batch` is the smallest slice the model can train on (2 with batch norm).
+    `empty_slices=False` (the default) gives every rank at least `least_batch` samples in an
+    epoch's short last step, as a user's collate function expects; the training loop of this
+    package handles empty slices and allows them. `lag` defaults to the prefetch depth of
+    the loader built by `loader()`.
+
+    Building it is local; `step_done()` and `exchange()` are collectives: every rank calls
+    them at the same steps (which the training loop's shape already ensures).
+    """
+
+    def __init__(self, dataset, global_batch: int, comm: Optional[Communicator] = None, *,
+                 adaptive: bool = True, controller: Optional[ControllerConfig] = None,
+                 adjust_every: int = 5, timing_window: int = 5, seed: int = 0,
+                 least_batch: int = 1, empty_slices: bool = False, lag: Optional[int] = None,
+                 initial_split: Optional[Sequence[int]] = None):
+        if comm is None:
+            from .comm import for_horovod
+
+            comm = for_horovod()
+        if adjust_every < 1:
+            raise DynBatchError(f"adjust_every must be at least 1 step, got {adjust_every}")
+        if lag is not None and lag < 0:
+            raise DynBatchError(f"the lag must not be negative, got {lag}")
+        self.dataset, self.adaptive, self.adjust_every = dataset, adaptive, adjust_every
+        self.lag = lag
+        self._template = dataclasses.replace(controller or ControllerConfig(global_batch),
+                                             global_batch=global_batch)
+        self.controller = BatchController(self._template)
+        self.timer = StepTimer(timing_window)
+        self.comm = comm
+        split = (self.controller.initial_split(comm.size) if initial_split is None
+                 else np.asarray(initial_split))
+        self._sampler = VariableBatchSampler(len(dataset), comm.rank, split, seed,
+                                             min_share=least_batch, empty_slices=empty_slices)
+        self.step = 0                    # steps finished
+        self.samples = 0                 # all ranks' samples, counted at each exchange
+        self.clock = 0.0                 # training seconds: this rank's steps and exchanges
+        self.exchange_seconds = 0.0      # of which: exchanges and the controller
+        self.last_step_seconds = 0.0
+        self.last_full_split = None      # every rank's batch in the last step that took B
+        self._position = self._sampler.state_dict()  # where the next step to train starts
+        self._splits = [(0, tuple(int(b) for b in split))]  # (first step, split), in order
+        self._timed_split = None         # the split the timer's readings were taken at
+        self._plans = collections.deque()  # planned by the loader, not yet handed out
+        self._planned = 0                # steps planned so far (the next plan's step)
+        self._current = None             # the handed-out step: (plan, step, started)
+        self._compute = None
+        self._loss = math.nan
+        self._exchange = StepExchange()
+        self._records = []
+        self._lag_checked = False
+
+    # -- what a training script reads ---------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        return self.comm.rank
+
+    @property
+    def size(self) -> int:
+        return self.comm.size
+
+    @property
+    def global_batch(self) -> int:
+        """B of the next step to train."""
+        return sum(self.split_at(self.step))
+
+    @property
+    def split(self) -> tuple:
+        """Every rank's batch in the split in force for the next step to train."""
+        return self.split_at(self.step)
+
+    @property
+    def local_batch(self) -> int:
+        """This rank's batch in the split in force (an epoch's short last step takes less)."""
+        return self.split[self.rank]
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the next step to train, the same on every rank."""
+        return int(self._position["epoch"])
+
+    @property
+    def weight(self) -> float:
+        """b_i / B of the step handed out: the factor on this rank's mean gradient."""
+        if self._current is None:
+            return 1.0 / self.size
+        plan = self._current[0]
+        return len(plan.indices) / plan.global_size
+
+    @property
+    def plan(self) -> Optional[StepPlan]:
+        """The step handed out and not yet finished, or None."""
+        return None if self._current is None else self._current[0]
+
+    def steps_per_epoch(self) -> int:
+        """Steps in an epoch at the current global batch (`len(loader)`)."""
+        sampler = self._sampler
+        sampler.batch_sizes = self.split
+        return sampler.steps_per_epoch()
+
+    def split_at(self, step: int) -> tuple:
+        """The split in force at `step` (the last decision taking effect at or before it)."""
+        for first, split in reversed(self._splits):
+            if first <= step:
+                return split
+        return self._splits[0][1]
+
+    # -- the loader: planning steps and handing them out --------------------------------------
+
+    def loader(self, dataset=None, **kwargs):
+        """A `torch.utils.data.DataLoader` over `dataset` (default: the one given at
+        construction) whose batches are this rank's slices of successive steps.
+
+        Takes DataLoader's options (`num_workers`, `pin_memory`, `collate_fn`,
+        `prefetch_factor`, ...) except those that choose batches. Iterating it gives the rest of
+        the current epoch; the next iteration starts the next epoch.
+        """
+        for name in ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"):
+            if kwargs.get(name) not in (None, False) and not (name == "batch_size"
+                                                               and kwargs[name] == 1):
+                raise DynBatchError(f"DynamicBatching chooses the batches; drop the "
+                                    f"DataLoader option '{name}'")
+        if kwargs.get("in_order") is False:
+            raise DynBatchError("DynamicBatching needs batches in order; drop in_order=False")
+        for name in ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"):
+            kwargs.pop(name, None)
+        workers = kwargs.get("num_workers", 0)
+        depth = workers * (kwargs.get("prefetch_factor") or 2) if workers else 0
+        if self.lag is None:
+            self.lag = depth
+        elif depth > self.lag:
+            raise DynBatchError(f"this loader prefetches {depth} steps ahead, more than the "
+                                f"lag of {self.lag}; raise lag or lower num_workers x "
+                                f"prefetch_factor")
+        return _StepLoader(self, self.dataset if dataset is None else dataset,
+                           batch_sampler=_BatchSampler(self), **kwargs)
+
+    def _plan_steps(self):
+        """The index lists of the rest of the current epoch, planned from the position of
+        the next step to train (whatever an earlier iteration planned but never handed out
+        is forgotten)."""
+        self._plans.clear()
+        self._current = None
+        sampler = self._sampler
+        sampler.load_state_dict(self._position)
+        self._planned = self.step
+        epoch = self._next_epoch()
+        while True:
+            sampler.batch_sizes = self.split_at(self._planned)
+            if self._next_epoch() != epoch:
+                return
+            plan = sampler.next_step()
+            self._plans.append((plan, self._planned, sampler.state_dict()))
+            self._planned += 1
+            yield plan.indices.tolist()
+
+    def _next_epoch(self) -> int:
+        """The epoch the sampler's next step falls in (it skips a rest too small to train)."""
+        sampler = self._sampler
+        left = sampler.dataset_size - sampler.offset
+        if left < sampler.global_batch and left < sampler._least_step():
+            return sampler.epoch + 1
+        return sampler.epoch
+
+    def _hand_out(self, started: float) -> None:
+        """The loader delivered the next planned step: it is the one being trained."""
+        if self._current is not None:
+            raise DynBatchError("a batch was taken before the previous step ended: call "
+                                "optimizer.step() once per batch")
+        plan, step, after = self._plans.popleft()
+        self._current = (plan, step, started, after)
+        self._compute, self._loss = None, math.nan
+
+    # -- the step: timing, closing, exchange --------------------------------------------------
+
+    def compute_done(self) -> None:
+        """Mark the end of this step's compute (backward done). The optimizer calls it when
+        it starts to synchronize; later calls in the same step are ignored."""
+        if self._current is not None and self._compute is None:
+            self._compute = time.perf_counter() - self._current[2]
+
+    def seconds_into_step(self) -> float:
+        """Seconds since the step handed out was asked for (0 if none is)."""
+        return 0.0 if self._current is None else time.perf_counter() - self._current[2]
+
+    def record_loss(self, loss: float) -> None:
+        """Optional: this rank's mean loss on its slice of the step, for `records`."""
+        self._loss = float(loss)
+
+    def step_done(self) -> None:
+        """Close the step handed out; every `adjust_every` steps, `exchange()`.
+
+        Collective (through `exchange`): every rank calls it once per step. The optimizer
+        returned by `DistributedOptimizer(..., batching=self)` calls it at the end of `step()`.
+        """
+        if self._current is None:
+            raise DynBatchError("optimizer.step() ran without a batch from the DynamicBatching "
+                                "loader; iterate batching.loader(...) for the training batches")
+        self.compute_done()
+        plan, step, started, after = self._current
+        ended = time.perf_counter()
+        split = self.split_at(step)
+        if plan.sizes == split:
+            if split != self._timed_split:
+                self.timer.reset()
+                self._timed_split = split
+            self.timer.record(self._compute)
+        self.last_step_seconds = ended - started
+        self.clock += self.last_step_seconds
+        self._exchange.add(step, plan.epoch, plan.sizes[self.rank], self._compute,
+                           self.last_step_seconds, self._loss)
+        self._current, self._position, self.step = None, after, step + 1
+        if self.step % self.adjust_every == 0:
+            self.exchange()
+
+    def exchange(self) -> List[StepRecord]:
+        """Gather the facts of the steps since the last exchange; let the controller act.
+
+        Collective: every rank calls it at the same steps. Returns the steps' records (also
+        kept for `take_records()`). Does nothing when no step is pending.
+        """
+        if not self._exchange:
+            return []
+        started = time.perf_counter()
+        heads, records = self._exchange.gather(
+            self.comm, [-1 if self.lag is None else self.lag, self.timer.smoothed])
+        if not self._lag_checked:
+            self._check_lags(heads[:, 0])
+        for record in records:
+            batch = sum(self.split_at(record.step))
+            self.samples += record.global_batch
+            if self.last_full_split is not None and sum(self.last_full_split) != batch:
+                self.last_full_split = None
+            if record.global_batch == batch:
+                self.last_full_split = record.batch_sizes
+        self._records.extend(records)
+        self._control(heads[:, 1])
+        elapsed = time.perf_counter() - started
+        self.exchange_seconds += elapsed
+        self.clock += elapsed
+        return records
+
+    def _check_lags(self, lags: np.ndarray) -> None:
+        if np.any(lags != lags[0]):
+            raise DynBatchError(f"the ranks prefetch with different lags "
+                                f"{[int(x) for x in lags]} (num_workers x prefetch_factor); "
+                                f"give every rank the same loader options")
+        self._lag_checked = True
+
+    def _control(self, smoothed: np.ndarray) -> None:
+        """The controller's turn: a new split from the gathered smoothed times, taking effect
+        `lag` steps from now. None while a split decided or scheduled earlier is due by
+        then, or before the split in force has been timed."""
+        effective = self.step + (self.lag or 0)
+        if not self.adaptive or any(self.step < s <= effective for s, _ in self._splits):
+            return
+        current = self.split_at(self.step)
+        if current != self._timed_split:
+            return
+        if sum(current) != self.controller.config.global_batch:
+            self.controller = BatchController(
+                dataclasses.replace(self._template, global_batch=sum(current)))
+        split = tuple(int(b) for b in self.controller.update(current, smoothed))
+        if split != current:
+            self._decide(effective, split)
+
+    def _decide(self, first_step: int, split: Sequence[int]) -> None:
+        """Let `split` be in force from `first_step` until the next change already decided."""
+        if first_step < self._planned:
+            raise DynBatchError(f"a split for step {first_step} came after the loader planned "
+                                f"up to step {self._planned - 1}: the lag ({self.lag}) is "
+                                f"shorter than the loader's prefetch")
+        self._splits = sorted([(s, sp) for s, sp in self._splits if s != first_step]
+                              + [(first_step, tuple(int(b) for b in split))])
+
+    def take_records(self) -> List[StepRecord]:
+        """The records of the steps exchanged since the last call (local)."""
+        records, self._records = self._records, []
+        return records
+
+    # -- changes from outside: the global batch, the world ------------------------------------
+
+    def set_global_batch(self, batch: int, at_step: Optional[int] = None,
+                         split: Optional[Sequence[int]] = None) -> tuple:
+        """Make B `batch` from `at_step` on (default: the next step to train), split evenly
+        or as `split`; returns the split. The controller starts afresh for the new B once
+        the change is in force.
+
+        Local, but every rank must make the same change. `at_step` must not have been planned
+        by the loader yet: schedule a change at least `lag` steps ahead.
+        """
+        at_step = self.step if at_step is None else at_step
+        if split is None:
+            even = BatchController(dataclasses.replace(self._template, global_batch=batch))
+            split = even.initial_split(self.size)
+        split = tuple(int(b) for b in split)
+        self._decide(at_step, split)
+        return split
+
+    def rebind(self, comm: Communicator, split: Optional[Sequence[int]] = None,
+               global_batch: Optional[int] = None) -> tuple:
+        """Bind to the ranks of `comm` (an elastic job's new world) from the next step on:
+        the split `split` if given (a committed one; the controller keeps its state), else
+        an even split of `global_batch` (default: the current B) with a fresh controller.
+        Returns the split. Local.
+
+        What was planned and not trained is forgotten: the loader's next iteration plans from
+        the position of the next step to train. Per-rank timings start afresh.
+        """
+        batch = global_batch or self.global_batch
+        self.comm = comm
+        self._sampler.rank = comm.rank
+        self._plans.clear()
+        self._current, self._planned = None, self.step
+        self.forget_uncommitted()
+        self.last_full_split = None
+        if split is not None:
+            self._splits = [(self.step, tuple(int(b) for b in split))]
+            return self._splits[0][1]
+        self._splits = []
+        self.controller = BatchController(
+            dataclasses.replace(self._template, global_batch=batch))
+        return self.set_global_batch(batch)
+
+    def forget_uncommitted(self) -> None:
+        """Drop this rank's facts not yet exchanged and its timings (an elastic reset). Local."""
+        self._exchange.clear()
+        self.timer.reset()
+        self._timed_split = None
+
+    # -- state --------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """Plain values: the step, the position of the next step to train, the splits in
+        force and decided, the controller's state. Local: no communication."""
+        later = [[s, list(sp)] for s, sp in self._splits if s > self.step]
+        return {"step": self.step, "position": dict(self._position),
+                "splits": [[self.step, list(self.split)], *later],
+                "controller": self.controller.state.state_dict(),
+                "samples": self.samples, "clock": self.clock,
+                "exchange_seconds": self.exchange_seconds, "world_size": self.size}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Adopt a state saved by `state_dict`. Local. On a world of another size the saved
+        splits do not apply: B is kept, split evenly, with a fresh controller."""
+        self._sampler.load_state_dict(state["position"])
+        self._position = self._sampler.state_dict()
+        self.step, self.samples = int(state["step"]), int(state["samples"])
+        self.clock = float(state["clock"])
+        self.exchange_seconds = float(state["exchange_seconds"])
+        splits = [(int(s), tuple(int(b) for b in sp)) for s, sp in state["splits"]]
+        if state["world_size"] != self.size:
+            self.rebind(self.comm, global_batch=sum(splits[0][1]))
+            return
+        self._splits = splits
+        self.controller = BatchController(
+            dataclasses.replace(self._template, global_batch=sum(splits[0][1])),
+            ControllerState.from_state_dict(state["controller"]))
+        self._plans.clear()
+        self._current, self._planned = None, self.step
+        self.forget_uncommitted()
+
+
+def _weighted_mean(values: np.ndarray, weights: np.ndarray) -> float:
+    """The mean of `values` weighted by `weights`, over the finite values (NaN if none)."""
+    keep = np.isfinite(values) & (weights > 0)
+    if not keep.any():
+        return math.nan
+    return float(np.dot(values[keep], weights[keep]) / weights[keep].sum())
+
+
+class _BatchSampler:
+    """The DataLoader's batch sampler: the steps `DynamicBatching` plans."""
+
+    def __init__(self, batching: DynamicBatching):
+        self.batching = batching
+
+    def __iter__(self):
+        return self.batching._plan_steps()
+
+    def __len__(self) -> int:
+        return self.batching.steps_per_epoch()
+
+
+class _StepLoader(DataLoader):
+    """A DataLoader whose iteration tells `DynamicBatching` when each step starts."""
+
+    def __init__(self, batching: DynamicBatching, dataset, **kwargs):
+        super().__init__(dataset, **kwargs)
+        self._batching = batching
+
+    def __iter__(self):
+        batches = super().__iter__()
+        while True:
+            started = time.perf_counter()
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            self._batching._hand_out(started)
+            yield batch

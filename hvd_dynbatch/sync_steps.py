@@ -1,0 +1,149 @@
+"""The synchronous step strategy: static or dynamic batching, one weighted allreduce per step.
+
+Each step trains this rank's slice of a planned split of the global batch, fed by the
+`DynamicBatching` loader (prefetched by `loader_workers` DataLoader processes), with the
+gradient weighted by b_i / B, a sleep between forward and backward if heterogeneity is
+emulated, and the optimizer step where Horovod's allreduce completes. `DynamicBatching` owns
+the rest: timing, the exchange every `adjust_every` steps, the controller.
+
+A peer of `abs_windows.ABSWindows`; `training.Trainer` drives either through the same calls.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .backend import Backend
+from .batching import DynamicBatching
+from .config import Batching, TrainConfig
+from .loader import SplitDataset, as_is
+
+
+class SynchronousSteps:
+    """One planned, batch-weighted synchronous step at a time on this rank."""
+
+    def __init__(self, cfg: TrainConfig, data, model, backend: Backend, least_batch: int):
+        self.cfg, self.model = cfg, model
+        comm = backend.communicator()
+        self.batching = DynamicBatching(
+            SplitDataset(data.train), cfg.global_batch, comm,
+            adaptive=cfg.batching is Batching.DYNAMIC,
+            controller=cfg.controller_config(least_batch=least_batch),
+            adjust_every=cfg.adjust_every, timing_window=cfg.timing_window, seed=cfg.seed,
+            least_batch=least_batch, empty_slices=True)
+        workers = cfg.loader_workers
+        self.loader = self.batching.loader(num_workers=workers, collate_fn=as_is,
+                                           persistent_workers=workers > 0)
+        self.optimizer = backend.weighted_optimizer(
+            torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum),
+            model, self.batching)
+        self._batches = None
+
+    # -- what the loop reads ------------------------------------------------------------------
+
+    @property
+    def step(self) -> int:
+        return self.batching.step
+
+    @property
+    def epoch(self) -> int:
+        return self.batching.epoch
+
+    @property
+    def clock(self) -> float:
+        return self.batching.clock
+
+    @property
+    def samples(self) -> int:
+        return self.batching.samples
+
+    @property
+    def exchange_seconds(self) -> float:
+        return self.batching.exchange_seconds
+
+    @property
+    def global_batch(self) -> int:
+        return self.batching.global_batch
+
+    @property
+    def split(self) -> tuple:
+        return self.batching.split
+
+    def steps_per_epoch(self) -> int:
+        return self.batching.steps_per_epoch()
+
+    def final_split(self) -> list:
+        """The split of the run's last step that took the whole global batch (an epoch's
+        short last step is not a split, and a split decided after the last step never ran)."""
+        return self.batching.last_full_split or list(self.batching.split)
+
+    # -- the world ----------------------------------------------------------------------------
+
+    def bind(self, comm, split=None, global_batch=None) -> tuple:
+        """Train on the ranks of `comm` from the next step: `split` if given, else an even
+        split of `global_batch`. Local. Returns the split."""
+        self._batches = None
+        return self.batching.rebind(comm, split=split, global_batch=global_batch)
+
+    def schedule_global_batch(self, step: int, batch: int) -> None:
+        self.batching.set_global_batch(batch, at_step=step)
+
+    # -- the steps ----------------------------------------------------------------------------
+
+    def train_step(self, lr: float, emulator, sample_log, generation: int) -> dict:
+        """Train one step; returns what rank 0's metrics record of it besides the exchange.
+
+        Collective: the allreduce, and every `adjust_every` steps the exchange.
+        """
+        x, y = self._next_batch()
+        plan = self.batching.plan
+        step = self.batching.step
+        sample_log.write(generation, step, plan, self.batching.rank)
+        self.model.train()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.zero_grad()
+        if len(y):
+            loss = F.cross_entropy(self.model(x), y)
+            self.batching.record_loss(loss.item())
+            forward = self.batching.seconds_into_step()
+            emulator.after_forward(step, forward)
+            began = self.batching.seconds_into_step()
+            loss.backward()
+            emulator.after_backward(forward, self.batching.seconds_into_step() - began)
+        # An empty slice (an epoch's short last step) has no backward: Horovod's synchronize
+        # sends zeros for the gradients whose hooks did not fire.
+        self.optimizer.step()
+        return {"step_time": self.batching.last_step_seconds, "lr": lr}
+
+    def _next_batch(self):
+        if self._batches is None:
+            self._batches = iter(self.loader)
+        try:
+            return next(self._batches)
+        except StopIteration:
+            self._batches = iter(self.loader)
+            return next(self._batches)
+
+    def take_records(self) -> list:
+        """The records of the steps exchanged since the last call (local)."""
+        return self.batching.take_records()
+
+    def exchange(self) -> list:
+        """Exchange what is pending; the records of all steps exchanged since the last call.
+        Collective."""
+        self.batching.exchange()
+        return self.take_records()
+
+    def drain(self, lr: float) -> None:
+        """Nothing is in flight after a synchronous step."""
+
+    def forget_uncommitted(self) -> None:
+        self.batching.forget_uncommitted()
+
+    def state_dict(self) -> dict:
+        return self.batching.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self._batches = None
+        self.batching.load_state_dict(state)

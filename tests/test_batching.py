@@ -1,0 +1,109 @@
+"""DynamicBatching in one process: when a decided split takes effect under prefetch, what
+is refused, and where a saved state resumes."""
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from hvd_dynbatch.batching import DynamicBatching
+from hvd_dynbatch.comm import Communicator, LocalCommunicator
+from hvd_dynbatch.controller import ControllerConfig, Rule
+from hvd_dynbatch.errors import DynBatchError
+
+DATA = TensorDataset(torch.arange(1000), torch.arange(1000))
+
+
+class SlowPeer(Communicator):
+    """Rank 0 of 2, whose peer reports the same facts with 4x the compute time."""
+
+    rank, size, backend = 0, 2, "scripted"
+
+    def allgather(self, values):
+        mine = np.asarray(values, dtype=np.float64)
+        peer = mine.copy()
+        peer[1] *= 4  # the smoothed compute time, after the lag
+        return np.vstack([mine, peer])
+
+
+def take(loader, batching, count):
+    """The sample indices of `count` steps (across epochs), each closed as the optimizer
+    would close it."""
+    taken = []
+    while len(taken) < count:
+        for _, index in loader:
+            taken.append(index.tolist())
+            batching.step_done()
+            if len(taken) == count:
+                break
+    return taken
+
+
+def test_a_split_decided_after_step_k_takes_effect_at_k_plus_1_plus_the_prefetch_depth():
+    batching = DynamicBatching(DATA, 64, SlowPeer(), adjust_every=3,
+                               controller=ControllerConfig(64, rule=Rule.P))
+    loader = batching.loader(num_workers=2)
+    assert batching.lag == 4  # 2 workers x prefetch factor 2
+    steps = take(loader, batching, 12)
+    # The exchange after step 2 (3 steps done) decides (51, 13); steps 3..6 were already
+    # planned by the loader and keep (32, 32).
+    assert [len(s) for s in steps] == [32] * 7 + [51] * 5
+    assert batching.split == (51, 13)
+    records = batching.take_records()
+    assert [r.step for r in records] == list(range(12))
+    assert [r.batch_sizes[0] for r in records] == [32] * 7 + [51] * 5
+
+
+def test_without_loader_workers_a_split_takes_effect_at_the_next_step():
+    batching = DynamicBatching(DATA, 64, SlowPeer(), adjust_every=3,
+                               controller=ControllerConfig(64, rule=Rule.P))
+    steps = take(batching.loader(), batching, 5)
+    assert batching.lag == 0 and [len(s) for s in steps] == [32, 32, 32, 51, 51]
+
+
+def test_a_change_inside_the_prefetched_steps_is_refused():
+    batching = DynamicBatching(DATA, 64, LocalCommunicator(), adjust_every=100)
+    loader = batching.loader(num_workers=2)
+    take(loader, batching, 2)
+    with pytest.raises(DynBatchError, match="lag"):
+        batching.set_global_batch(32, at_step=batching.step + 1)
+    batching.set_global_batch(32, at_step=batching.step + 5)
+    steps = take(loader, batching, 8)
+    assert [len(s) for s in steps] == [64] * 5 + [32] * 3
+
+
+def test_a_saved_state_resumes_at_the_next_step_to_train_not_the_prefetched_one():
+    def fresh():
+        return DynamicBatching(DATA, 64, LocalCommunicator(), adjust_every=100, seed=3)
+
+    whole = fresh()
+    expected = take(whole.loader(num_workers=2), whole, 20)
+    first = fresh()
+    take(first.loader(num_workers=2), first, 7)
+    state = first.state_dict()
+    assert state["step"] == 7 and state["position"]["offset"] == 7 * 64
+    second = fresh()
+    second.load_state_dict(state)
+    # 16 steps per epoch (15 of 64, one of 40): the rest of epoch 0, then epoch 1.
+    loader = second.loader(num_workers=2)
+    rest = take(loader, second, 9) + take(loader, second, 4)
+    assert second.epoch == 1
+    assert rest == expected[7:]
+    assert sorted(sum(expected[:16], [])) == list(range(1000))
+
+
+@pytest.mark.parametrize("options, text", [
+    ({"batch_size": 32}, "batch_size"),
+    ({"shuffle": True}, "shuffle"),
+    ({"sampler": [0, 1]}, "sampler"),
+    ({"in_order": False}, "in order"),
+])
+def test_the_loader_refuses_options_that_choose_batches(options, text):
+    batching = DynamicBatching(DATA, 64, LocalCommunicator())
+    with pytest.raises(DynBatchError, match=text):
+        batching.loader(**options)
+
+
+def test_a_step_without_a_batch_says_what_to_do():
+    batching = DynamicBatching(DATA, 64, LocalCommunicator())
+    with pytest.raises(DynBatchError, match="batching.loader"):
+        batching.step_done()
