@@ -262,23 +262,15 @@ class DynamicBatching:
         sampler = self._sampler
         sampler.load_state_dict(self._position)
         self._planned = self.step
-        epoch = self._next_epoch()
+        epoch = sampler.upcoming_epoch()
         while True:
             sampler.batch_sizes = self.split_at(self._planned)
-            if self._next_epoch() != epoch:
+            if sampler.upcoming_epoch() != epoch:
                 return
             plan = sampler.next_step()
             self._plans.append((plan, self._planned, sampler.state_dict()))
             self._planned += 1
             yield plan.indices.tolist()
-
-    def _next_epoch(self) -> int:
-        """The epoch the sampler's next step falls in (it skips a rest too small to train)."""
-        sampler = self._sampler
-        left = sampler.dataset_size - sampler.offset
-        if left < sampler.global_batch and left < sampler._least_step():
-            return sampler.epoch + 1
-        return sampler.epoch
 
     def _hand_out(self, started: float) -> None:
         """The loader delivered the next planned step: it is the one being trained."""

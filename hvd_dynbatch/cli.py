@@ -108,7 +108,8 @@ def _configured(*decls, **kwargs):
 @_configured("--save-model", type=click.Path(), help="Rank 0 writes the final state_dict.")
 @_configured("--threads", help="Compute threads per rank.")
 @_configured("--loader-workers",
-             help="DataLoader worker processes decoding each step's samples (imagefolder).")
+             help="DataLoader processes that decode and prefetch steps (2 each); a new split "
+                  "takes effect that many steps after the controller decides it.")
 @_configured("--progress/--no-progress", help="Progress bar on rank 0 (only on a terminal).")
 @_configured("--warmup-steps", help="Linear learning-rate warm-up over this many steps.")
 @_configured("--lr-decay-steps", callback=_int_list,

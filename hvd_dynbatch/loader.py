@@ -1,10 +1,12 @@
-"""The data loader of the training loop: a step's samples, decoded in DataLoader workers.
+"""Splits as DataLoader datasets, and the on-demand loader of ABS-SGD's micro-batches.
 
-Batch sizes differ between ranks and change between steps, so the loop asks for one step's
-indices at a time. With `workers` > 0, a persistent `torch.utils.data.DataLoader` decodes
-that step's samples in that many worker processes, each taking a contiguous chunk (JPEG
-decoding and resizing is where an ImageNet-style run spends its data time); with 0 the split
-is read in this process, which is all that in-memory datasets need.
+`SplitDataset` lets a `torch.utils.data.DataLoader` (the one `DynamicBatching.loader` builds
+for the synchronous loop) fetch a whole step's samples with one `fetch` call in a worker.
+
+`BatchLoader` serves ABS-SGD, whose windows ask for one micro-batch at a time with no plan
+ahead: with `workers` > 0, a persistent DataLoader decodes each request in that many worker
+processes, each taking a contiguous chunk (JPEG decoding and resizing is where an
+ImageNet-style run spends its data time); with 0 the split is read in this process.
 """
 from __future__ import annotations
 

@@ -96,11 +96,18 @@ class VariableBatchSampler:
             self._perm, self._perm_epoch = rng.permutation(self.dataset_size), epoch
         return self._perm
 
-    def next_step(self) -> StepPlan:
-        """The next step's plan; advances the position (rolling over to the next epoch)."""
+    def upcoming_epoch(self) -> int:
+        """The epoch the next step falls in (a rest too small for a step is skipped)."""
         left = self.dataset_size - self.offset
         if left < self.global_batch and (self.drop_last or left < self._least_step()):
-            self.epoch, self.offset, left = self.epoch + 1, 0, self.dataset_size
+            return self.epoch + 1
+        return self.epoch
+
+    def next_step(self) -> StepPlan:
+        """The next step's plan; advances the position (rolling over to the next epoch)."""
+        if self.upcoming_epoch() != self.epoch:
+            self.epoch, self.offset = self.epoch + 1, 0
+        left = self.dataset_size - self.offset
         sizes = self._sizes
         if left < self.global_batch:
             sizes = self._short_step(left)
