@@ -53,6 +53,9 @@ from .timing import StepTimer
 
 # Each step's facts in the exchange: batch, compute seconds, step seconds, loss.
 _FACTS = 4
+# DataLoader's options that choose batches, with their defaults (the only values accepted).
+_BATCH_CHOOSING = {"batch_size": 1, "shuffle": False, "sampler": None, "batch_sampler": None,
+                   "drop_last": False}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +145,7 @@ class DynamicBatching:
         self.lag = lag
         self._template = dataclasses.replace(controller or ControllerConfig(global_batch),
                                              global_batch=global_batch)
-        self.controller = BatchController(self._template)
+        self.controller = self._controller_for(global_batch)
         self.timer = StepTimer(timing_window)
         self.comm = comm
         split = (self.controller.initial_split(comm.size) if initial_split is None
@@ -233,15 +236,12 @@ class DynamicBatching:
         `prefetch_factor`, ...) except those that choose batches. Iterating it gives the rest of
         the current epoch; the next iteration starts the next epoch.
         """
-        for name in ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"):
-            if kwargs.get(name) not in (None, False) and not (name == "batch_size"
-                                                               and kwargs[name] == 1):
+        for name, default in _BATCH_CHOOSING.items():
+            if kwargs.pop(name, default) not in (default, None):
                 raise DynBatchError(f"DynamicBatching chooses the batches; drop the "
                                     f"DataLoader option '{name}'")
         if kwargs.get("in_order") is False:
             raise DynBatchError("DynamicBatching needs batches in order; drop in_order=False")
-        for name in ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"):
-            kwargs.pop(name, None)
         workers = kwargs.get("num_workers", 0)
         depth = workers * (kwargs.get("prefetch_factor") or 2) if workers else 0
         if self.lag is None:
@@ -368,8 +368,7 @@ class DynamicBatching:
         if current != self._timed_split:
             return
         if sum(current) != self.controller.config.global_batch:
-            self.controller = BatchController(
-                dataclasses.replace(self._template, global_batch=sum(current)))
+            self.controller = self._controller_for(sum(current))
         split = tuple(int(b) for b in self.controller.update(current, smoothed))
         if split != current:
             self._decide(effective, split)
@@ -382,6 +381,11 @@ class DynamicBatching:
                                 f"shorter than the loader's prefetch")
         self._splits = sorted([(s, sp) for s, sp in self._splits if s != first_step]
                               + [(first_step, tuple(int(b) for b in split))])
+
+    def _controller_for(self, batch: int, state: Optional[ControllerState] = None):
+        """A controller with the configured settings for a global batch of `batch`."""
+        return BatchController(dataclasses.replace(self._template, global_batch=batch),
+                               state or ControllerState())
 
     def take_records(self) -> List[StepRecord]:
         """The records of the steps exchanged since the last call (local)."""
@@ -401,8 +405,7 @@ class DynamicBatching:
         """
         at_step = self.step if at_step is None else at_step
         if split is None:
-            even = BatchController(dataclasses.replace(self._template, global_batch=batch))
-            split = even.initial_split(self.size)
+            split = self._controller_for(batch).initial_split(self.size)
         split = tuple(int(b) for b in split)
         self._decide(at_step, split)
         return split
@@ -428,8 +431,7 @@ class DynamicBatching:
             self._splits = [(self.step, tuple(int(b) for b in split))]
             return self._splits[0][1]
         self._splits = []
-        self.controller = BatchController(
-            dataclasses.replace(self._template, global_batch=batch))
+        self.controller = self._controller_for(batch)
         return self.set_global_batch(batch)
 
     def forget_uncommitted(self) -> None:
@@ -463,9 +465,8 @@ class DynamicBatching:
             self.rebind(self.comm, global_batch=sum(splits[0][1]))
             return
         self._splits = splits
-        self.controller = BatchController(
-            dataclasses.replace(self._template, global_batch=sum(splits[0][1])),
-            ControllerState.from_state_dict(state["controller"]))
+        self.controller = self._controller_for(
+            sum(splits[0][1]), ControllerState.from_state_dict(state["controller"]))
         self._plans.clear()
         self._current, self._planned = None, self.step
         self.forget_uncommitted()
