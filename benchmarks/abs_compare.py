@@ -15,7 +15,7 @@ import sys
 
 from common import print_report
 
-from hvd_dynbatch.jobs import run_training_job, summary_of
+from hvd_dynbatch.tools.jobs import run_training_job, summary_of
 
 SCENARIOS = {
     "static 1,4": "1,4",

@@ -5,7 +5,7 @@ import os
 import platform
 import statistics
 
-from hvd_dynbatch.metrics import step_records
+from hvd_dynbatch.training.metrics import step_records
 
 
 def steady_steps(records: list, skip_fraction: float = 0.25) -> list:
@@ -28,7 +28,7 @@ def steady_throughput(records: list, skip_fraction: float = 0.25) -> float:
 
 def print_report(description: str, headers: list, rows: list) -> None:
     """A benchmark's report on stdout: what was run, on what machine, and its table."""
-    from hvd_dynbatch.report import markdown_table
+    from hvd_dynbatch.tools.report import markdown_table
 
     print(description)
     print(f"Machine: {machine()}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from hvd_dynbatch.data import write_image_folder
+from hvd_dynbatch.data.datasets import write_image_folder
 
 
 def main():

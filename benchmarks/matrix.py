@@ -1,6 +1,6 @@
 """Comparison matrix: static, dynamic "p", dynamic "pid" and ABS-SGD at heterogeneity levels.
 
-Each level is a preset of `hvd_dynbatch.heterogeneity.preset_factors`: HL1..HL8 on `--ranks`
+Each level is a preset of `hvd_dynbatch.core.heterogeneity.preset_factors`: HL1..HL8 on `--ranks`
 ranks, and the CPU-core splits 12/12/12/12 and 6/6/4/32 on four. On this machine the factors
 are emulated with `--slowdown`; with more ranks than cores every factor is multiplied by
 ranks / cores, so emulated workers do not compete for cores (and the figures stay comparable
@@ -26,9 +26,9 @@ from pathlib import Path
 
 from common import print_report, steady_throughput, time_to_accuracy
 
-from hvd_dynbatch.heterogeneity import preset_factors
-from hvd_dynbatch.jobs import run_training_job, summary_of
-from hvd_dynbatch.plot import plot_comparison, plot_run
+from hvd_dynbatch.core.heterogeneity import preset_factors
+from hvd_dynbatch.tools.jobs import run_training_job, summary_of
+from hvd_dynbatch.tools.plot import plot_comparison, plot_run
 
 METHODS = {"static": ["--batching", "static"],
            "dynamic p": ["--batching", "dynamic", "--controller", "p"],
@@ -80,13 +80,14 @@ def main():
                          summary["final_accuracy"], round(limit), f"{steady / limit:.0%}"])
         if args.plots and level in args.plot_levels:
             _plot(Path(args.plots), level, runs)
+    alone = ", ".join(f"{v:.0f} samples/s at batch {b}" for b, v in standalone.items())
     print_report(
         f"Comparison matrix: CNN on synthetic data, global batch (ABS-SGD: target batch) "
         f"{args.global_batch}, lr 0.1, momentum 0.5, {args.epochs} epochs, seed 0, one run "
         f"each; HL levels on {args.ranks} ranks, core splits on 4; emulated factors scaled by "
         f"ranks/cores where ranks > {cores} cores. Time to {args.target:.0%} test accuracy is "
         f"training time (evaluation every 5 steps excluded); limit = sum of standalone rates "
-        f"(one rank alone: {', '.join(f'{v:.0f} samples/s at batch {b}' for b, v in standalone.items())}); "
+        f"(one rank alone: {alone}); "
         f"steady = from the median step time of the last 75% of steps; efficiency = steady / "
         f"limit. ABS-SGD computes micro-batches of 16, whose per-sample cost on this CPU is "
         f"lower than at batch B/n, so its efficiency can pass 100%.",

@@ -3,8 +3,8 @@
 Three jobs of 2 ranks with no emulated slowdown, the same model, data and global batch:
 plain `hvd.DistributedOptimizer` (benchmarks/plain_horovod.py), `hvd-dynbatch train` with
 static batching, and with dynamic batching. They run in turns, `--repeats` times, each round
-starting with a different one, and the median of each is compared. It also prints the share of the training time that the timing
-exchange and the controller took.
+starting with a different one, and the median of each is compared. It also prints the share
+of the training time that the timing exchange and the controller took.
 
     python benchmarks/overhead.py [--repeats 6] [--steps 60]
 """
@@ -17,8 +17,8 @@ from pathlib import Path
 
 from common import print_report, steady_throughput
 
-from hvd_dynbatch.jobs import run_training_job
-from hvd_dynbatch.launch import Launcher, json_records, run_local
+from hvd_dynbatch.tools.jobs import run_training_job
+from hvd_dynbatch.tools.launch import Launcher, json_records, run_local
 
 HERE = Path(__file__).resolve().parent
 

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hvd_dynbatch.data import load_dataset
-from hvd_dynbatch.models import build_model
+from hvd_dynbatch.data.datasets import load_dataset
+from hvd_dynbatch.training.models import build_model
 
 
 def main():

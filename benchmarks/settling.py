@@ -5,7 +5,7 @@ one rank to the other mid-run. For each adjustment window (the steps between two
 exchanges, over which the split is fixed) it takes each rank's median compute time and the
 imbalance max/min of those. It reports the adjustments needed to reach imbalance <= 1.10 from
 the start and after the change, and how much of the global batch changes hands per adjustment
-once settled. The same schedule runs in the cluster model (`hvd_dynbatch.simulator`) with
+once settled. The same schedule runs in the cluster model (`hvd_dynbatch.core.simulator`) with
 matching rates and noise, as a noise-controlled reference.
 
     python benchmarks/settling.py [--steps 150] [--schedule "0:1,4;75:4,1"]
@@ -19,11 +19,11 @@ import statistics
 import numpy as np
 from common import print_report
 
-from hvd_dynbatch.controller import BatchController, ControllerConfig, Rule
-from hvd_dynbatch.heterogeneity import Slowdown
-from hvd_dynbatch.jobs import run_training_job
-from hvd_dynbatch.metrics import step_records
-from hvd_dynbatch.simulator import ClusterModel, run_adjustments
+from hvd_dynbatch.core.controller import BatchController, ControllerConfig, Rule
+from hvd_dynbatch.core.heterogeneity import Slowdown
+from hvd_dynbatch.core.simulator import ClusterModel, run_adjustments
+from hvd_dynbatch.tools.jobs import run_training_job
+from hvd_dynbatch.training.metrics import step_records
 
 SETTLED = 1.10
 

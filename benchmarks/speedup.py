@@ -14,7 +14,7 @@ import sys
 
 from common import print_report, steady_throughput
 
-from hvd_dynbatch.jobs import run_training_job
+from hvd_dynbatch.tools.jobs import run_training_job
 
 
 def main():

@@ -23,15 +23,15 @@ from pathlib import Path
 
 from common import steady_steps, steady_throughput
 
-from hvd_dynbatch.heterogeneity import preset_factors
+from hvd_dynbatch.core.heterogeneity import preset_factors
 
 
 def rank_main(args) -> None:
     import horovod.torch as hvd
 
-    from hvd_dynbatch.config import TrainConfig
-    from hvd_dynbatch.metrics import read_metrics
-    from hvd_dynbatch.training import train
+    from hvd_dynbatch.training.config import TrainConfig
+    from hvd_dynbatch.training.metrics import read_metrics
+    from hvd_dynbatch.training.trainer import train
 
     hvd.init()
     slowdown = args.slowdown
@@ -83,8 +83,8 @@ def main():
             parser.error("under a launcher, give one --batching")
         rank_main(args)
         return
-    from hvd_dynbatch.launch import Launcher, json_records, run_local
-    from hvd_dynbatch.report import markdown_table
+    from hvd_dynbatch.tools.launch import Launcher, json_records, run_local
+    from hvd_dynbatch.tools.report import markdown_table
 
     rows = []
     for batching in args.batching:

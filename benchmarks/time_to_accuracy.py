@@ -13,8 +13,8 @@ import statistics
 
 from common import print_report
 
-from hvd_dynbatch.demo import DEMO_TRAINING
-from hvd_dynbatch.jobs import run_training_job, summary_of
+from hvd_dynbatch.tools.demo import DEMO_TRAINING
+from hvd_dynbatch.tools.jobs import run_training_job, summary_of
 
 
 def main():
@@ -35,7 +35,8 @@ def main():
         reached = {b: [t for t in times[b] if t is not None] for b in runs}
         median = {b: statistics.median(reached[b]) if reached[b] else None for b in runs}
         for batching in runs:
-            rows.append([spec, batching, [None if t is None else round(t, 2) for t in times[batching]],
+            rounded = [None if t is None else round(t, 2) for t in times[batching]]
+            rows.append([spec, batching, rounded,
                          median[batching], [s["steps"] for s in runs[batching]],
                          [round(s["final_accuracy"], 3) for s in runs[batching]]])
         if median["static"] and median["dynamic"]:

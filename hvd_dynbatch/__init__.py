@@ -7,26 +7,26 @@ the cluster simulator) import only numpy and the standard library. The pieces bo
 or Horovod (`DynamicBatching`, `DistributedOptimizer`, `for_horovod`, `train`) are imported
 when first used, so importing this package starts nothing.
 """
-from .controller import BatchController, ControllerConfig, Rule, apportion
+from .core.controller import BatchController, ControllerConfig, Rule, apportion
+from .core.heterogeneity import Slowdown, preset_factors
+from .core.sampler import StepPlan, VariableBatchSampler
+from .core.simulator import Scenario, simulate
+from .core.timing import StepTimer
 from .errors import DynBatchError
-from .heterogeneity import Slowdown, preset_factors
-from .sampler import StepPlan, VariableBatchSampler
-from .simulator import Scenario, simulate
-from .timing import StepTimer
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "DynamicBatching": "batching",
-    "StepRecord": "batching",
-    "BatchLoader": "loader",
-    "DistributedOptimizer": "weighting",
-    "batch_weight": "weighting",
-    "for_horovod": "comm",
-    "Communicator": "comm",
-    "LocalCommunicator": "comm",
-    "TrainConfig": "config",
-    "train": "training",
+    "DynamicBatching": "training.batching",
+    "StepRecord": "training.batching",
+    "BatchLoader": "data.loader",
+    "DistributedOptimizer": "backend.weighting",
+    "batch_weight": "backend.weighting",
+    "for_horovod": "backend.comm",
+    "Communicator": "backend.comm",
+    "LocalCommunicator": "backend.comm",
+    "TrainConfig": "training.config",
+    "train": "training.trainer",
 }
 
 __all__ = ["BatchController", "ControllerConfig", "Rule", "apportion", "DynBatchError",

@@ -1,4 +1,4 @@
 """`python -m hvd_dynbatch` runs the CLI."""
-from .cli import main
+from .tools.cli import main
 
 main()

@@ -1,7 +1,7 @@
 """Test helpers: run the `hvd-dynbatch` command in one process, or a command as N local ranks
 under a launcher, and collect what it reported.
 
-Ranks report by printing JSON objects, one per line (see `hvd_dynbatch.launch.json_records`).
+Ranks report by printing JSON objects, one per line (see `hvd_dynbatch.tools.launch.json_records`).
 """
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hvd_dynbatch.launch import JobResult, Launcher, json_records, local_env, run_local
-from hvd_dynbatch.metrics import read_metrics
+from hvd_dynbatch.tools.launch import JobResult, Launcher, json_records, local_env, run_local
+from hvd_dynbatch.training.metrics import read_metrics
 
 PYTHON = sys.executable
 CLI = [PYTHON, "-m", "hvd_dynbatch"]

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from hvd_dynbatch.abs_sgd import WindowRule
-from hvd_dynbatch.data import load_dataset
+from hvd_dynbatch.core.abs_sgd import WindowRule
+from hvd_dynbatch.data.datasets import load_dataset
 from hvd_dynbatch.errors import DynBatchError
-from hvd_dynbatch.launch import Launcher
-from hvd_dynbatch.metrics import read_metrics
-from hvd_dynbatch.models import build_model
+from hvd_dynbatch.tools.launch import Launcher
+from hvd_dynbatch.training.metrics import read_metrics
+from hvd_dynbatch.training.models import build_model
+from evaluation import replay_delayed_sgd
 from launcher import CLI, run_ranks, train_one_process
 
 
@@ -57,20 +57,7 @@ def replay(sample_dir: Path):
     torch.manual_seed(SEED)
     model = build_model("linear", data.input_shape, data.num_classes)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    pending = None
-    for k in sorted(windows):
-        x, y = data.train.fetch(windows[k])
-        model.zero_grad()
-        (F.cross_entropy(model(x), y, reduction="sum") / len(windows[k])).backward()
-        current = [p.grad.clone() for p in model.parameters()]
-        if pending is not None:
-            for p, g in zip(model.parameters(), pending):
-                p.grad = g
-            opt.step()
-        pending = current
-    for p, g in zip(model.parameters(), pending):
-        p.grad = g
-    opt.step()
+    replay_delayed_sgd(model, opt, data.train, [windows[k] for k in sorted(windows)])
     return model.state_dict(), windows
 
 

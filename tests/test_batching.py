@@ -5,10 +5,10 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from hvd_dynbatch.batching import DynamicBatching
-from hvd_dynbatch.comm import Communicator, LocalCommunicator
-from hvd_dynbatch.controller import ControllerConfig, Rule
+from hvd_dynbatch.backend.comm import Communicator, LocalCommunicator
+from hvd_dynbatch.core.controller import ControllerConfig, Rule
 from hvd_dynbatch.errors import DynBatchError
+from hvd_dynbatch.training.batching import DynamicBatching
 
 DATA = TensorDataset(torch.arange(1000), torch.arange(1000))
 

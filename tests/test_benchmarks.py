@@ -4,7 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hvd_dynbatch.launch import Launcher, local_env
+from hvd_dynbatch.tools.launch import Launcher, local_env
 from launcher import PYTHON, run_ranks
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"

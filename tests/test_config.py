@@ -3,9 +3,9 @@ length, and settings checked with messages that name the option."""
 import click
 import pytest
 
-from hvd_dynbatch.cli import train
-from hvd_dynbatch.config import TrainConfig
 from hvd_dynbatch.errors import DynBatchError
+from hvd_dynbatch.tools.cli import train
+from hvd_dynbatch.training.config import TrainConfig
 
 
 def parsed(*args) -> TrainConfig:

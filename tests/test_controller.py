@@ -4,10 +4,10 @@ import math
 import numpy as np
 import pytest
 
-from hvd_dynbatch.controller import (BatchController, ControllerConfig, ControllerState, Rule,
+from hvd_dynbatch.core.controller import (BatchController, ControllerConfig, ControllerState, Rule,
                                      apportion)
+from hvd_dynbatch.core.simulator import ClusterModel, run_adjustments
 from hvd_dynbatch.errors import DynBatchError
-from hvd_dynbatch.simulator import ClusterModel, run_adjustments
 
 
 class TestApportion:

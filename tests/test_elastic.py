@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from hvd_dynbatch.backend import LocalBackend
-from hvd_dynbatch.comm import Communicator
-from hvd_dynbatch.config import TrainConfig
-from hvd_dynbatch.elastic import on_reset
-from hvd_dynbatch.launch import Launcher, kill_tree, start_local, wait_local
-from hvd_dynbatch.metrics import read_metrics, step_records
-from hvd_dynbatch.sampler import VariableBatchSampler
-from hvd_dynbatch.training import Trainer
+from hvd_dynbatch.backend.backends import LocalBackend
+from hvd_dynbatch.backend.comm import Communicator
+from hvd_dynbatch.core.sampler import VariableBatchSampler
+from hvd_dynbatch.tools.launch import Launcher, kill_tree, start_local, wait_local
+from hvd_dynbatch.training.config import TrainConfig
+from hvd_dynbatch.training.elastic import on_reset
+from hvd_dynbatch.training.metrics import read_metrics, step_records
+from hvd_dynbatch.training.trainer import Trainer
 from launcher import CLI
 
 DISCOVER = str(Path(__file__).resolve().parent.parent / "hostfiles" / "discover_hosts.sh")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hvd_dynbatch.launch import Launcher
+from hvd_dynbatch.tools.launch import Launcher
 from launcher import PYTHON, run_ranks
 
 ROOT = Path(__file__).resolve().parent.parent

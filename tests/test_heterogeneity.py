@@ -4,10 +4,10 @@ import time
 
 import pytest
 
+from hvd_dynbatch.backend.weighting import batch_weight
+from hvd_dynbatch.core.heterogeneity import Emulator, Slowdown, preset_factors
+from hvd_dynbatch.core.timing import StepTimer
 from hvd_dynbatch.errors import DynBatchError
-from hvd_dynbatch.heterogeneity import Emulator, Slowdown, preset_factors
-from hvd_dynbatch.timing import StepTimer
-from hvd_dynbatch.weighting import batch_weight
 
 
 def test_plain_factors_apply_from_step_zero():

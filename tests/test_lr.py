@@ -3,8 +3,8 @@ import math
 
 import pytest
 
+from hvd_dynbatch.core.lr import BaseSchedule, LRSchedule, scaling_rule
 from hvd_dynbatch.errors import DynBatchError
-from hvd_dynbatch.lr import BaseSchedule, LRSchedule, scaling_rule
 
 
 def schedule(rule, **kw):

@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from hvd_dynbatch.data import load_dataset, write_image_folder
+from hvd_dynbatch.data.datasets import load_dataset, write_image_folder
+from hvd_dynbatch.data.loader import BatchLoader
 from hvd_dynbatch.errors import DynBatchError
-from hvd_dynbatch.loader import BatchLoader
-from hvd_dynbatch.models import MODELS, build_model, least_batch
+from hvd_dynbatch.training.models import MODELS, build_model, least_batch
 from evaluation import top1_top5
 from launcher import train_one_process
 

@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from hvd_dynbatch.metrics import read_metrics
-from hvd_dynbatch.plot import comparison_figure, run_figure
+from hvd_dynbatch.tools.plot import comparison_figure, run_figure
+from hvd_dynbatch.training.metrics import read_metrics
 from launcher import expect_user_error, run_cli
 
 

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
+from hvd_dynbatch.core.sampler import ShardStream, VariableBatchSampler
 from hvd_dynbatch.errors import DynBatchError
-from hvd_dynbatch.sampler import ShardStream, VariableBatchSampler
 
 
 def samplers(n, sizes, seed=0, **kw):

@@ -3,9 +3,9 @@ issue's scale targets for the controller (one process, no Horovod)."""
 import numpy as np
 import pytest
 
-from hvd_dynbatch.controller import Rule
+from hvd_dynbatch.core.controller import Rule
 from hvd_dynbatch.errors import DynBatchError
-from hvd_dynbatch.simulator import (Event, EventKind, RateDistribution, RingAllreduce,
+from hvd_dynbatch.core.simulator import (Event, EventKind, RateDistribution, RingAllreduce,
                                     Scenario, simulate, worker_rates)
 from launcher import expect_user_error, run_cli
 
@@ -78,7 +78,9 @@ def test_simulate_command_prints_tables():
 
 
 @pytest.mark.parametrize("args, text", [
-    (["--workers", "0"], "--workers needs positive worker counts"),
+    (["--workers", "8,0"], "the number of workers must be positive, got 0"),
+    (["--target", "1.5"], "the target efficiency must be in (0, 1]"),
+    (["--bandwidth-gbps", "0"], "its bandwidth must be positive"),
     (["--events", "3:boom=1"], "cannot read event"),
     (["--spread", "0.5"], "the rate spread must be at least 1"),
     (["--noise", "-1"], "must not be negative"),

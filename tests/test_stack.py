@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from hvd_dynbatch.launch import Launcher
+from hvd_dynbatch.tools.launch import Launcher
 from launcher import CLI, PYTHON, run_ranks
 
 SCRIPTS = Path(__file__).parent / "scripts"

@@ -2,17 +2,17 @@
 import pytest
 import torch
 
-from hvd_dynbatch.data import load_dataset
-from hvd_dynbatch.launch import Launcher
-from hvd_dynbatch.metrics import read_metrics, step_records
-from hvd_dynbatch.training import weights_checksum
+from hvd_dynbatch.data.datasets import load_dataset
+from hvd_dynbatch.tools.launch import Launcher
+from hvd_dynbatch.training.metrics import read_metrics, step_records
+from hvd_dynbatch.training.trainer import weights_checksum
 from evaluation import top1_top5
 from launcher import CLI, expect_user_error, run_cli, run_ranks, train_one_process
 
 # No batch-norm, no dropout: the update of a split step equals the one-rank step exactly.
 COMMON = ["--model", "mlp", "--dataset", "digits", "--global-batch", "64",
-          "--lr", "0.05", "--seed", "3", "--epochs", "5", "--max-steps", "30", "--adjust-every", "2",
-          "--eval-every", "10", "--no-progress"]
+          "--lr", "0.05", "--seed", "3", "--epochs", "5", "--max-steps", "30",
+          "--adjust-every", "2", "--eval-every", "10", "--no-progress"]
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Dict, Optional, Sequence
 
-from .errors import DynBatchError
-from .metrics import step_records
+from ..errors import DynBatchError
+from ..training.metrics import step_records
 
 
 def _pyplot():

@@ -26,7 +26,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
-from .errors import DynBatchError
+from ..errors import DynBatchError
 
 
 class ScalingRule:

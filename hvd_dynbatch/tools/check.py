@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import socket
 
-from . import comm as comm_module
+from ..backend import comm as comm_module
 
 
 def run_check() -> dict:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from .errors import LaunchError
+from ..errors import LaunchError
 
 
 class Launcher(str, enum.Enum):

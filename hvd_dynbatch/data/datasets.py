@@ -21,12 +21,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .errors import DynBatchError
+from ..errors import DynBatchError
 
 DATASETS = ("digits", "synthetic", "imagefolder")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp")
 # The usual ImageNet channel statistics.
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+SYNTHETIC_SHAPE = (3, 32, 32)
 
 
 class TensorSplit:
@@ -157,7 +158,7 @@ def _digits() -> Dataset:
 def _synthetic(seed: int, train_size: int = 4096, test_size: int = 1024,
                signal: float = 0.25) -> Dataset:
     gen = torch.Generator().manual_seed(seed)
-    shape, classes = (3, 32, 32), 10
+    shape, classes = SYNTHETIC_SHAPE, 10
     # Each class adds its own smooth pattern (4x4 noise upsampled) to white noise: a CNN
     # learns it in a few epochs, so accuracy means something.
     patterns = F.interpolate(torch.randn(classes, 3, 4, 4, generator=gen), size=shape[1:],

@@ -12,13 +12,14 @@ import sys
 
 import click
 
-from .config import Batching, BatchPolicy, TrainConfig
-from .controller import Rule
-from .errors import DynBatchError
-from .lr import RULES
-from .simulator import RateDistribution
+from ..core.controller import Rule
+from ..core.lr import RULES
+from ..core.simulator import SETTLED, RateDistribution, Scenario
+from ..errors import DynBatchError
+from ..training.config import Batching, BatchPolicy, TrainConfig
 
 _TRAIN_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+_SCENARIO = Scenario(1)  # the simulator's defaults
 
 
 class _Group(click.Group):
@@ -134,8 +135,8 @@ def _configured(*decls, **kwargs):
              help="Directory where each process logs the sample indices of every step.")
 def train(**options):
     """Train on this rank of a Horovod job (run under horovodrun, mpirun or srun)."""
-    from .backend import stopped_by_peer
-    from .training import train as run_training
+    from ..backend.backends import stopped_by_peer
+    from ..training.trainer import train as run_training
 
     config = TrainConfig(**options)
     try:
@@ -165,7 +166,7 @@ def _summary_line(s: dict) -> str:
 def demo(np_, slowdown, target_accuracy):
     """Static versus dynamic batching on this machine, with emulated heterogeneity."""
     from .demo import run_demo
-    from .heterogeneity import Slowdown
+    from ..core.heterogeneity import Slowdown
 
     Slowdown.parse(slowdown).check_world(np_)
     run_demo(np_, slowdown, target_accuracy, echo=click.echo)
@@ -183,7 +184,7 @@ def plot(metrics, output, title):
     import json
     from pathlib import Path
 
-    from .metrics import read_metrics
+    from ..training.metrics import read_metrics
     from .plot import plot_comparison, plot_run
 
     runs = {}
@@ -205,52 +206,42 @@ def plot(metrics, output, title):
 @click.option("--rule", "rules", multiple=True, type=click.Choice([r.value for r in Rule]),
               help="Controller rule(s) [default: both].")
 @click.option("--rates", type=click.Choice([d.value for d in RateDistribution]),
-              default="lognormal", show_default=True,
+              default=_SCENARIO.distribution.value, show_default=True,
               help="How worker speeds spread: lognormal, log-uniform, or three hardware "
                    "generations in equal shares.")
-@click.option("--spread", default=4.0, show_default=True,
+@click.option("--spread", default=_SCENARIO.spread, show_default=True,
               help="Fastest worker's rate over the slowest's.")
-@click.option("--noise", default=0.05, show_default=True,
+@click.option("--noise", default=_SCENARIO.noise, show_default=True,
               help="Relative standard deviation of each step's compute time.")
-@click.option("--steps-per-adjustment", default=5, show_default=True,
+@click.option("--steps-per-adjustment", default=_SCENARIO.steps, show_default=True,
               help="Steps between adjustments (the controller sees each worker's median).")
-@click.option("--adjustments", default=30, show_default=True)
-@click.option("--batch-per-worker", default=64, show_default=True,
+@click.option("--adjustments", default=_SCENARIO.adjustments, show_default=True)
+@click.option("--batch-per-worker", default=_SCENARIO.batch_per_worker, show_default=True,
               help="Global batch = this x the starting worker count.")
-@click.option("--overhead", default=0.0, show_default=True,
+@click.option("--overhead", default=_SCENARIO.overhead, show_default=True,
               help="Fixed seconds per step on every worker, besides the per-sample work.")
-@click.option("--gradient-mb", default=100.0, show_default=True,
+@click.option("--gradient-mb", default=_SCENARIO.allreduce.gradient_bytes / 1e6,
+              show_default=True,
               help="Gradient size allreduced per step, MB (ResNet-50: about 100).")
-@click.option("--bandwidth-gbps", default=100.0, show_default=True,
-              help="Link bandwidth of the ring allreduce, Gbit/s.")
-@click.option("--latency-us", default=5.0, show_default=True,
+@click.option("--bandwidth-gbps", default=_SCENARIO.allreduce.bandwidth * 8 / 1e9,
+              show_default=True, help="Link bandwidth of the ring allreduce, Gbit/s.")
+@click.option("--latency-us", default=_SCENARIO.allreduce.latency * 1e6, show_default=True,
               help="Latency per allreduce message, microseconds.")
 @click.option("--events", help="Changes during the run, e.g. "
                                "'10:slow=0.1@2;20:leave=0.25;30:join=0.25' (at adjustment "
                                "10, 10% of the workers become 2x slower; ...).")
-@click.option("--target", default=0.95, show_default=True,
+@click.option("--target", default=SETTLED, show_default=True,
               help="Efficiency against the ideal split that counts as settled.")
-@click.option("--seed", default=0, show_default=True)
+@click.option("--seed", default=_SCENARIO.seed, show_default=True)
 def simulate(workers, rules, rates, spread, noise, steps_per_adjustment, adjustments,
              batch_per_worker, overhead, gradient_mb, bandwidth_gbps, latency_us, events,
              target, seed):
     """Run the batch controller against a simulated cluster of many workers."""
     from tqdm import tqdm
 
+    from ..core.simulator import Event, RingAllreduce
     from .scale import scale_study
-    from .simulator import Event, RingAllreduce, Scenario
 
-    if not workers or min(workers) < 1:
-        raise DynBatchError("--workers needs positive worker counts, e.g. 8,64,1024")
-    for name, value in (("--steps-per-adjustment", steps_per_adjustment),
-                        ("--adjustments", adjustments), ("--batch-per-worker", batch_per_worker)):
-        if value < 1:
-            raise DynBatchError(f"{name} must be at least 1, got {value}")
-    if noise < 0 or overhead < 0 or gradient_mb < 0 or latency_us < 0 or bandwidth_gbps <= 0:
-        raise DynBatchError("--noise, --overhead, --gradient-mb and --latency-us must not be "
-                            "negative, and --bandwidth-gbps must be positive")
-    if not 0 < target <= 1:
-        raise DynBatchError(f"--target must be in (0, 1], got {target}")
     base = Scenario(workers[0], RateDistribution(rates), spread, noise, steps_per_adjustment,
                     adjustments, batch_per_worker, overhead,
                     RingAllreduce(gradient_mb * 1e6, bandwidth_gbps * 1e9 / 8, latency_us * 1e-6),

@@ -22,13 +22,14 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from ..errors import DynBatchError
 from .controller import apportion
-from .errors import DynBatchError
 
 
 @dataclass(frozen=True)
 class StepPlan:
-    """What one step consumes: its place in the epoch, every rank's share, and this rank's indices."""
+    """What one step consumes: its place in the epoch, every rank's share, and this rank's
+    indices."""
 
     epoch: int
     offset: int          # where the step starts in the epoch's permutation
@@ -147,7 +148,8 @@ class VariableBatchSampler:
         if not 0 <= int(state["offset"]) < self.dataset_size:
             raise DynBatchError(f"sampler offset {state['offset']} is outside a dataset of "
                                 f"{self.dataset_size} samples")
-        self.epoch, self.offset, self.seed = int(state["epoch"]), int(state["offset"]), int(state["seed"])
+        self.epoch, self.offset = int(state["epoch"]), int(state["offset"])
+        self.seed = int(state["seed"])
         self._perm_epoch = None
 
 
@@ -170,6 +172,12 @@ class ShardStream:
 
     def _shard(self) -> np.ndarray:
         return self._sampler.permutation(self.epoch)[self.rank::self.size]
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
     def take(self, count: int) -> np.ndarray:
         taken = []

@@ -22,13 +22,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .backend import Backend, HorovodBackend
-from .comm import Communicator
+from ..backend.backends import Backend, HorovodBackend
+from ..backend.comm import Communicator
+from ..core.controller import BatchController
+from ..core.heterogeneity import Emulator, Slowdown
+from ..core.lr import LRSchedule, scaling_rule
+from ..data.datasets import load_dataset
 from .config import Batching, TrainConfig
-from .controller import BatchController
-from .data import load_dataset
-from .heterogeneity import Emulator, Slowdown
-from .lr import LRSchedule, scaling_rule
 from .metrics import MetricsWriter, SampleLog
 from .models import build_model, least_batch
 
@@ -117,14 +117,6 @@ class Trainer:
     def optimizer(self):
         return self.steps.optimizer
 
-    @property
-    def rank(self) -> int:
-        return self.comm.rank
-
-    @property
-    def size(self) -> int:
-        return self.comm.size
-
     def join_world(self, comm: Communicator, committed: Optional[dict] = None) -> None:
         """Bind to the ranks of `comm`, from `committed` (a `state_dict()`) if given.
 
@@ -151,9 +143,7 @@ class Trainer:
         else:
             steps.bind(comm, global_batch=batch)
             if committed is not None:
-                steps.load_state_dict(committed["steps"])
-            if steps.global_batch != batch:
-                steps.bind(comm, global_batch=batch)
+                steps.load_state_dict(committed["steps"], global_batch=batch)
         self.schedule.on_batch_change(steps.step, batch)
         self.emulator = Emulator(self.slowdown, comm.rank)
         self.metrics.set_path(cfg.metrics if comm.rank == 0 else None, append=not fresh)
@@ -166,7 +156,7 @@ class Trainer:
         """Everything but the model and optimizer that the run must carry across a reset
         (and a restart): plain values. Local: no collective."""
         return {"run": self.run.state_dict(), "steps": self.steps.state_dict(),
-                "schedule": self.schedule.state_dict(), "world_size": self.size}
+                "schedule": self.schedule.state_dict(), "world_size": self.comm.size}
 
     # -- the run -----------------------------------------------------------------------------
 
@@ -188,20 +178,25 @@ class Trainer:
                 info = steps.train_step(self.schedule.lr(step), self.emulator,
                                         self.samples_log, self.run.generation)
                 self._info[step] = {"step": step, "time": steps.clock, **info}
-                if self._write(steps.exchange() if steps.step == total else
-                               steps.take_records()) and progress is not None:
+                last = steps.step == total
+                if self._write(steps.exchange() if last else steps.take_records()) and \
+                        progress is not None:
                     progress.update(steps.step - progress.n)
                     progress.set_postfix(loss=f"{self.run.last_loss:.3f}",
                                          split=",".join(map(str, self._last_sizes)))
                 epoch_end = steps.epoch != epoch_before
+                if last:
+                    steps.drain(self.schedule.lr(steps.step))
                 if (cfg.eval_every and steps.step % cfg.eval_every == 0) or \
                         (not cfg.eval_every and epoch_end):
                     self._evaluate()
                 if commit is not None and steps.step % cfg.commit_every == 0:
                     self._write(steps.exchange())
                     commit()
-            steps.drain(self.schedule.lr(steps.step))
-            if self.run.last_eval_step != steps.step:
+            # The run's last update (ABS-SGD's pending one) comes before the last step's
+            # evaluation; a run stopped early at its target has the final figures taken again.
+            if steps.drain(self.schedule.lr(steps.step)) or \
+                    self.run.last_eval_step != steps.step:
                 self._evaluate()
             self.checksums = self.comm.allgather([self._weights_checksum()])[:, 0]
         finally:
@@ -214,7 +209,7 @@ class Trainer:
             info = self._info.pop(record.step, {"step": record.step})
             self.run.last_loss = record.loss
             self._last_sizes = record.batch_sizes
-            self.metrics.write({**info, "epoch": record.epoch, "world_size": self.size,
+            self.metrics.write({**info, "epoch": record.epoch, "world_size": self.comm.size,
                                 "global_batch": record.global_batch,
                                 "batch_sizes": record.batch_sizes,
                                 "compute_times": record.compute_times, "loss": record.loss})
@@ -225,12 +220,12 @@ class Trainer:
         summary = self._summary()
         self.metrics.write(summary)
         self.metrics.set_path(None)
-        if self.rank == 0 and self.cfg.save_model:
+        if self.comm.rank == 0 and self.cfg.save_model:
             _save_atomically(self.model.state_dict(), self.cfg.save_model)
         return summary
 
     def _progress_bar(self, total: int):
-        if self.rank != 0 or not self.cfg.progress:
+        if self.comm.rank != 0 or not self.cfg.progress:
             return None
         from tqdm import tqdm
 
@@ -265,10 +260,10 @@ class Trainer:
         cfg, steps, run = self.cfg, self.steps, self.run
         return {
             "type": "summary",
-            "rank": self.rank,
+            "rank": self.comm.rank,
             "batching": cfg.batching.value,
             "controller": cfg.controller.value if cfg.batching is Batching.DYNAMIC else None,
-            "world_size": self.size,
+            "world_size": self.comm.size,
             "elastic_generations": run.generation if cfg.elastic else None,
             "exchange_backend": self.comm.backend,
             "steps": steps.step,

@@ -43,7 +43,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .errors import DynBatchError
+from ..errors import DynBatchError
 
 
 class Rule(str, enum.Enum):

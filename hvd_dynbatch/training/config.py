@@ -12,11 +12,11 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
-from .abs_sgd import WindowRule
-from .controller import BatchController, ControllerConfig, Rule
-from .errors import DynBatchError
-from .heterogeneity import Slowdown
-from .lr import RULES, BaseSchedule
+from ..core.abs_sgd import WindowRule
+from ..core.controller import BatchController, ControllerConfig, Rule
+from ..core.heterogeneity import Slowdown
+from ..core.lr import RULES, BaseSchedule
+from ..errors import DynBatchError
 
 
 class Batching(str, enum.Enum):

@@ -6,17 +6,17 @@ gradient weighted by b_i / B, a sleep between forward and backward if heterogene
 emulated, and the optimizer step where Horovod's allreduce completes. `DynamicBatching` owns
 the rest: timing, the exchange every `adjust_every` steps, the controller.
 
-A peer of `abs_windows.ABSWindows`; `training.Trainer` drives either through the same calls.
+A peer of `abs_windows.ABSWindows`; `trainer.Trainer` drives either through the same calls.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from .backend import Backend
+from ..backend.backends import Backend
+from ..data.loader import SplitDataset, as_is
 from .batching import DynamicBatching
 from .config import Batching, TrainConfig
-from .loader import SplitDataset, as_is
 
 
 class SynchronousSteps:
@@ -135,8 +135,9 @@ class SynchronousSteps:
         self.batching.exchange()
         return self.take_records()
 
-    def drain(self, lr: float) -> None:
-        """Nothing is in flight after a synchronous step."""
+    def drain(self, lr: float) -> bool:
+        """Nothing is in flight after a synchronous step: the weights stay as they are."""
+        return False
 
     def forget_uncommitted(self) -> None:
         self.batching.forget_uncommitted()
@@ -144,6 +145,7 @@ class SynchronousSteps:
     def state_dict(self) -> dict:
         return self.batching.state_dict()
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, global_batch=None) -> None:
+        """See `DynamicBatching.load_state_dict`."""
         self._batches = None
-        self.batching.load_state_dict(state)
+        self.batching.load_state_dict(state, global_batch)

@@ -27,8 +27,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from ..errors import DynBatchError
 from .controller import BatchController, ControllerConfig, Rule
-from .errors import DynBatchError
 
 
 @dataclass(frozen=True)
@@ -43,11 +43,22 @@ class RingAllreduce:
     bandwidth: float = 10e9   # bytes per second through one link
     latency: float = 5e-6     # seconds per message
 
+    def __post_init__(self):
+        if self.gradient_bytes < 0 or self.latency < 0 or not self.bandwidth > 0:
+            raise DynBatchError("the allreduce's gradient size and latency must not be "
+                                "negative, and its bandwidth must be positive")
+
     def seconds(self, workers: int) -> float:
         if workers <= 1:
             return 0.0
         return (2 * (workers - 1) * self.latency
                 + 2 * (workers - 1) / workers * self.gradient_bytes / self.bandwidth)
+
+
+# The efficiency against the ideal split that counts as settled, unless a run says otherwise.
+SETTLED = 0.95
+# A ResNet-50's gradient (about 100 MB) over 100 Gbit/s links: the default of `Scenario`.
+RESNET50_100GBIT = RingAllreduce(gradient_bytes=100e6, bandwidth=100e9 / 8, latency=5e-6)
 
 
 class RateDistribution(str, enum.Enum):
@@ -233,7 +244,8 @@ class Scenario:
     """One simulated cluster and run: N workers, their spread, noise, events, allreduce.
 
     The global batch is `batch_per_worker` times the starting worker count and stays fixed
-    through joins and leaves.
+    through joins and leaves. `steps` is the number of steps between two adjustments.
+    Raises `DynBatchError` for values that cannot describe a run.
     """
 
     workers: int
@@ -244,9 +256,21 @@ class Scenario:
     adjustments: int = 30
     batch_per_worker: int = 64
     overhead: float = 0.0
-    allreduce: RingAllreduce = RingAllreduce()
+    allreduce: RingAllreduce = RESNET50_100GBIT
     events: tuple = ()
     seed: int = 0
+
+    def __post_init__(self):
+        if self.workers < 1:
+            raise DynBatchError(f"the number of workers must be positive, got {self.workers}")
+        for name in ("steps", "adjustments", "batch_per_worker"):
+            if getattr(self, name) < 1:
+                raise DynBatchError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.noise < 0 or self.overhead < 0:
+            raise DynBatchError(f"the noise and the overhead must not be negative, got "
+                                f"{self.noise} and {self.overhead}")
+        if not self.spread >= 1:
+            raise DynBatchError(f"the rate spread must be at least 1, got {self.spread}")
 
     @property
     def global_batch(self) -> int:
@@ -292,12 +316,15 @@ def settling(history: List[dict], starts: Sequence[int], target: float) -> List[
     return out
 
 
-def simulate(scenario: Scenario, rule: Rule, target: float = 0.95) -> dict:
+def simulate(scenario: Scenario, rule: Rule, target: float = SETTLED) -> dict:
     """Run the controller with `rule` through `scenario`.
 
     Returns the per-window history, the settling figures of each segment (the start and each
-    event), and the controller's median and largest seconds per adjustment.
+    event), and the controller's median and largest seconds per adjustment. `target` is the
+    efficiency that counts as settled.
     """
+    if not 0 < target <= 1:
+        raise DynBatchError(f"the target efficiency must be in (0, 1], got {target}")
     controller = BatchController(ControllerConfig(scenario.global_batch, rule=rule))
     history = run_adjustments(controller, scenario.cluster(), scenario.adjustments)
     starts = sorted({0} | {e.at for e in scenario.events if e.at < scenario.adjustments})

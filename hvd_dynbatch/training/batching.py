@@ -45,11 +45,11 @@ from typing import List, Optional, Sequence
 import numpy as np
 from torch.utils.data import DataLoader
 
-from .comm import Communicator
-from .controller import BatchController, ControllerConfig, ControllerState
-from .errors import DynBatchError
-from .sampler import StepPlan, VariableBatchSampler
-from .timing import StepTimer
+from ..backend.comm import Communicator
+from ..core.controller import BatchController, ControllerConfig, ControllerState
+from ..core.sampler import StepPlan, VariableBatchSampler
+from ..core.timing import StepTimer
+from ..errors import DynBatchError
 
 # Each step's facts in the exchange: batch, compute seconds, step seconds, loss.
 _FACTS = 4
@@ -115,7 +115,7 @@ class DynamicBatching:
 
     `dataset` is anything with a length (the user's map-style `Dataset`); `global_batch` is
     B, the samples of one step over all ranks. `comm` carries the exchange (default: the
-    running Horovod job's, see `comm.for_horovod`). With `adaptive=False` the split stays
+    running Horovod job's, see `backend.comm.for_horovod`). With `adaptive=False` the split stays
     even (static batching) and everything else works the same. `controller` holds the
     controller's settings (`ControllerConfig`; its `global_batch` is replaced by B).
     `least_batch` is the smallest slice the model can train on (2 with batch norm).
@@ -134,7 +134,7 @@ class DynamicBatching:
                  least_batch: int = 1, empty_slices: bool = False, lag: Optional[int] = None,
                  initial_split: Optional[Sequence[int]] = None):
         if comm is None:
-            from .comm import for_horovod
+            from ..backend.comm import for_horovod
 
             comm = for_horovod()
         if adjust_every < 1:
@@ -452,21 +452,23 @@ class DynamicBatching:
                 "samples": self.samples, "clock": self.clock,
                 "exchange_seconds": self.exchange_seconds, "world_size": self.size}
 
-    def load_state_dict(self, state: dict) -> None:
-        """Adopt a state saved by `state_dict`. Local. On a world of another size the saved
-        splits do not apply: B is kept, split evenly, with a fresh controller."""
+    def load_state_dict(self, state: dict, global_batch: Optional[int] = None) -> None:
+        """Adopt a state saved by `state_dict`, going on with `global_batch` (default: the
+        saved B). Local. On a world of another size, or with another B, the saved splits do
+        not apply: B is split evenly, with a fresh controller."""
         self._sampler.load_state_dict(state["position"])
         self._position = self._sampler.state_dict()
         self.step, self.samples = int(state["step"]), int(state["samples"])
         self.clock = float(state["clock"])
         self.exchange_seconds = float(state["exchange_seconds"])
         splits = [(int(s), tuple(int(b) for b in sp)) for s, sp in state["splits"]]
-        if state["world_size"] != self.size:
-            self.rebind(self.comm, global_batch=sum(splits[0][1]))
+        saved_batch = sum(splits[0][1])
+        if state["world_size"] != self.size or global_batch not in (None, saved_batch):
+            self.rebind(self.comm, global_batch=global_batch or saved_batch)
             return
         self._splits = splits
         self.controller = self._controller_for(
-            sum(splits[0][1]), ControllerState.from_state_dict(state["controller"]))
+            saved_batch, ControllerState.from_state_dict(state["controller"]))
         self._plans.clear()
         self._current, self._planned = None, self.step
         self.forget_uncommitted()

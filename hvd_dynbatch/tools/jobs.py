@@ -10,9 +10,9 @@ import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .errors import DynBatchError
+from ..errors import DynBatchError
+from ..training.metrics import read_metrics
 from .launch import Launcher, run_local
-from .metrics import read_metrics
 
 
 def run_training_job(np: int, options: Sequence[str], *, launcher: Launcher = Launcher.GLOO,

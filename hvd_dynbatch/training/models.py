@@ -11,7 +11,7 @@ from typing import Callable, Dict, Sequence
 
 from torch import nn
 
-from .errors import DynBatchError
+from ..errors import DynBatchError
 from .resnet import ResNet
 
 

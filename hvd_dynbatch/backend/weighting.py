@@ -17,7 +17,7 @@ step ends (`step`); without one, tell it each step's batch sizes with
 """
 from __future__ import annotations
 
-from .errors import DynBatchError
+from ..errors import DynBatchError
 
 
 def batch_weight(local_batch: int, global_batch: int) -> float:

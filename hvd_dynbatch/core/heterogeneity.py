@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from .errors import DynBatchError
+from ..errors import DynBatchError
 
 
 @dataclass(frozen=True)

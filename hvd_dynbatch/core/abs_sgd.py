@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import DynBatchError
+from ..errors import DynBatchError
 
 
 @dataclass(frozen=True)

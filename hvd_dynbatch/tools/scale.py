@@ -12,9 +12,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Iterable, Sequence
 
-from .controller import Rule
+from ..core.controller import Rule
+from ..core.simulator import Scenario, simulate
 from .report import markdown_table
-from .simulator import Scenario, simulate
 
 
 def scale_study(base: Scenario, worker_counts: Sequence[int], rules: Sequence[Rule],
@@ -23,10 +23,11 @@ def scale_study(base: Scenario, worker_counts: Sequence[int], rules: Sequence[Ru
 
     `progress` wraps the iterable of runs (for a progress bar).
     """
-    runs = [(n, Rule(rule)) for n in worker_counts for rule in rules]
+    scenarios = [dataclasses.replace(base, workers=n) for n in worker_counts]
+    runs = [(scenario, Rule(rule)) for scenario in scenarios for rule in rules]
     rows, event_rows = [], []
-    for workers, rule in progress(runs):
-        scenario = dataclasses.replace(base, workers=workers)
+    for scenario, rule in progress(runs):
+        workers = scenario.workers
         result = simulate(scenario, rule, target)
         first, *after_events = result["segments"]
         allreduce_ms = scenario.allreduce.seconds(workers) * 1e3

@@ -2,7 +2,7 @@
 
 One step is one compute window of micro-batches, closed by starting the asynchronous
 allreduce of its gradient sum and applying the previous window's reduced gradient. A peer of
-`sync_steps.SynchronousSteps`; `training.Trainer` drives either through the same calls.
+`sync_steps.SynchronousSteps`; `trainer.Trainer` drives either through the same calls.
 """
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .backend import Backend
+from ..backend.backends import Backend
+from ..core.sampler import ShardStream, StepPlan
+from ..data.loader import BatchLoader
+from ..errors import DynBatchError
 from .batching import StepExchange
 from .config import TrainConfig
-from .errors import DynBatchError
-from .loader import BatchLoader
-from .sampler import ShardStream, StepPlan
 
 
 class ABSWindows:
@@ -46,6 +46,7 @@ class ABSWindows:
         self.window = math.nan        # seconds; NaN: the first window counts samples instead
         self.updates = 0
         self.handle = None            # the allreduce in flight, and when it started
+        self.reduced = None           # its result, until the next update applies it
         self.reduce_seconds = 0.0     # this rank's estimate of what a reduction costs
         self.recent_reductions = collections.deque(maxlen=10)
         self._exchange = StepExchange()
@@ -131,17 +132,25 @@ class ABSWindows:
                 self.backend.done(self.handle[0]):
             self.handle = (self.handle[0], self.handle[1], time.perf_counter())
 
-    def _apply_pending(self, lr: float) -> None:
-        """Wait for the previous window's reduction and apply its mean gradient."""
+    def _finish_reduction(self) -> None:
+        """Wait for the reduction in flight, if any, and keep its result for the update."""
         if self.handle is None:
             return
         handle, began, done = self.handle
-        reduced = self.backend.wait(handle)
+        self.reduced = self.backend.wait(handle)
         # A rank's measured reduction includes waiting for the last rank to submit; the
         # shortest recent one is the nearest to the transfer itself.
         self.recent_reductions.append((done or time.perf_counter()) - began)
         self.reduce_seconds = min(self.recent_reductions)
         self.handle = None
+
+    def _apply_pending(self, lr: float) -> bool:
+        """Apply the previous window's mean gradient (waiting for its reduction); whether
+        there was one."""
+        self._finish_reduction()
+        if self.reduced is None:
+            return False
+        reduced, self.reduced = self.reduced, None
         count, _, compute_sum, reduce_sum = reduced[-4:].tolist()
         mean = reduced[:-4] / count
         offset = 0
@@ -156,6 +165,7 @@ class ABSWindows:
         window = compute_sum / self.comm.size if self.updates == 0 else self.window
         self.window = self.rule.next_window(window, count, reduce_sum / self.comm.size)
         self.updates += 1
+        return True
 
     def _gather(self) -> list:
         if not len(self._exchange):
@@ -181,9 +191,47 @@ class ABSWindows:
         self._gather()
         return self.take_records()
 
-    def drain(self, lr: float) -> None:
-        """Flush: apply the last window's gradient, so every window enters one update."""
-        self._apply_pending(lr)
+    def drain(self, lr: float) -> bool:
+        """Flush: apply the last window's gradient, so every window enters one update.
+        Returns whether that changed the weights."""
+        return self._apply_pending(lr)
 
     def forget_uncommitted(self) -> None:
         self._exchange.clear()
+
+    # -- state --------------------------------------------------------------------------------
+
+    _SCALARS = ("step", "clock", "exchange_seconds", "samples", "window", "updates",
+                "reduce_seconds")
+
+    def state_dict(self) -> dict:
+        """The windows' position and clocks, this rank's stream, the window rule's state and
+        the reduced gradient not yet applied (a tensor; the reduction in flight is waited
+        for, so the resumed run applies it where this one would have). Local: every rank
+        started that reduction, so waiting for it completes. Windows not yet exchanged are
+        not part of it: take it right after `exchange()`, as the trainer's commits do."""
+        self._finish_reduction()
+        return {**{name: getattr(self, name) for name in self._SCALARS},
+                "last_sizes": list(self.last_sizes),
+                "recent_reductions": list(self.recent_reductions),
+                "stream": self.stream.state_dict(), "world_size": self.comm.size,
+                "reduced": None if self.reduced is None else self.reduced.clone()}
+
+    def load_state_dict(self, state: dict, global_batch=None) -> None:
+        """Adopt a state saved by `state_dict` on a world of the same size and target batch
+        (ABS-SGD runs on a fixed world). Local. Raises `DynBatchError` otherwise."""
+        if global_batch not in (None, self.global_batch):
+            raise DynBatchError(f"ABS-SGD keeps its target global batch "
+                                f"{self.global_batch}; it cannot go on with {global_batch}")
+        if state["world_size"] != self.comm.size:
+            raise DynBatchError(f"this ABS-SGD state was saved by {state['world_size']} ranks "
+                                f"and cannot resume on {self.comm.size}: each rank's stream "
+                                f"and window are its own")
+        for name in self._SCALARS:
+            setattr(self, name, type(getattr(self, name))(state[name]))
+        self.last_sizes = list(state["last_sizes"])
+        self.recent_reductions.clear()
+        self.recent_reductions.extend(state["recent_reductions"])
+        self.stream.load_state_dict(state["stream"])
+        self.handle, self.reduced = None, state["reduced"]
+        self.forget_uncommitted()
