@@ -253,7 +253,7 @@ def test_a_world_of_the_same_size_resumes_with_the_committed_split(committed):
     joined = Trainer(ELASTIC, WorldBackend(1, 2))
     joined.join_world(World(1, 2), committed=state)
     resumed = joined.steps.batching
-    assert (joined.rank, joined.size) == (1, 2)
+    assert (joined.comm.rank, joined.comm.size) == (1, 2)
     assert resumed.split == (20, 44)
     assert resumed.controller.state.state_dict() == batching.controller.state.state_dict()
     assert resumed.state_dict()["position"] == batching.state_dict()["position"]
