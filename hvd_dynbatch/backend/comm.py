@@ -65,15 +65,17 @@ class MPICommunicator(Communicator):
     backend = "mpi4py"
 
     def __init__(self, comm):
-        self._comm = comm
+        # Read once: MPI may be finalised by the time an error message asks for them
+        # (another rank's exit can end the job), and a call then aborts the process.
+        self._comm, self._rank, self._size = comm, comm.Get_rank(), comm.Get_size()
 
     @property
     def rank(self) -> int:
-        return self._comm.Get_rank()
+        return self._rank
 
     @property
     def size(self) -> int:
-        return self._comm.Get_size()
+        return self._size
 
     def allgather(self, values: Sequence[float]) -> np.ndarray:
         send = np.ascontiguousarray(values, dtype=np.float64)

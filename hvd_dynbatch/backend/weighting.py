@@ -14,10 +14,30 @@ before Horovod's own hook starts the allreduce. The weight comes from a `Dynamic
 (`batching=`), which the optimizer also tells when compute ends (`synchronize`) and when the
 step ends (`step`); without one, tell it each step's batch sizes with
 `set_batch_size(local, global)`; until then the weight is 1 / size, Horovod's plain average.
+
+Both optimizers screen the reduced gradients before applying them: a step whose gradients
+are not all finite (a NaN or infinite loss) changes neither the weights nor the optimizer's
+state, and `finite` says so afterwards. The reduced gradients are the same on every rank, so
+every rank decides alike, without a word exchanged.
 """
 from __future__ import annotations
 
+import torch
+
 from ..errors import DynBatchError
+
+
+def drop_nonfinite_gradients(optimizer) -> bool:
+    """Whether every gradient `optimizer` would apply is finite; if not, all are dropped
+    (set to None), so that its next step changes nothing (torch's optimizers skip parameters
+    without a gradient, momentum included)."""
+    params = [p for group in optimizer.param_groups for p in group["params"]
+              if p.grad is not None]
+    if not params or torch.stack([torch.isfinite(p.grad).all() for p in params]).all():
+        return True
+    for p in params:
+        p.grad = None
+    return False
 
 
 def batch_weight(local_batch: int, global_batch: int) -> float:
@@ -49,9 +69,16 @@ class _BatchWeighted:
         return self._horovod.synchronize(self)
 
     def step(self, closure=None):
-        """Horovod's step (which waits for the allreduce), then, with a `DynamicBatching`,
-        its `step_done()`: a collective every `adjust_every` steps."""
-        loss = self._horovod.step(self, closure)
+        """Horovod's step (which waits for the allreduce) with the reduced gradients screened
+        (see the module docstring), then, with a `DynamicBatching`, its `step_done()`: a
+        collective every `adjust_every` steps."""
+        # Horovod's step synchronizes unless inside skip_synchronize() or already done; the
+        # screen goes between the two, so synchronize here as Horovod's step would.
+        if self._should_synchronize and not self._synchronized:
+            self.synchronize()
+        self.finite = drop_nonfinite_gradients(self)
+        with self.skip_synchronize():
+            loss = self._horovod.step(self, closure)
         if self._batching is not None:
             self._batching.step_done()
         return loss
@@ -89,7 +116,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, batching=None, **kwar
     methods = {k: v for k, v in vars(_BatchWeighted).items() if not k.startswith("__")}
     wrapped.__class__ = type(horovod_class.__name__, horovod_class.__bases__,
                              {**vars(horovod_class), **methods, "_horovod": horovod_class})
-    wrapped._batching = batching
+    wrapped._batching, wrapped.finite = batching, True
     wrapped._register_weight_hooks(1.0 / hvd.size())
     return wrapped
 
@@ -104,6 +131,7 @@ class _LocalSteps:
 
     def step(self, closure=None):
         self.synchronize()
+        self.finite = drop_nonfinite_gradients(self)
         loss = self._base.step(self, closure)
         self._batching.step_done()
         return loss
@@ -114,5 +142,5 @@ def LocalOptimizer(optimizer, batching):
     base = type(optimizer)
     methods = {k: v for k, v in vars(_LocalSteps).items() if not k.startswith("__")}
     optimizer.__class__ = type(base.__name__, (base,), {**methods, "_base": base})
-    optimizer._batching = batching
+    optimizer._batching, optimizer.finite = batching, True
     return optimizer

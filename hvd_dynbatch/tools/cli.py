@@ -16,7 +16,7 @@ from ..core.controller import Rule
 from ..core.lr import RULES
 from ..core.simulator import SETTLED, RateDistribution, Scenario
 from ..errors import DynBatchError
-from ..training.config import Batching, BatchPolicy, TrainConfig
+from ..training.config import Batching, BatchPolicy, OnNan, TrainConfig
 
 _TRAIN_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
 _SCENARIO = Scenario(1)  # the simulator's defaults
@@ -133,6 +133,17 @@ def _configured(*decls, **kwargs):
              help="ABS-SGD: fraction of the way to the target batch the window moves per step.")
 @_configured("--sample-log", type=click.Path(),
              help="Directory where each process logs the sample indices of every step.")
+@_configured("--on-nan", type=click.Choice([o.value for o in OnNan]),
+             help="A step whose gradient is not finite is never applied: stop the run with "
+                  "an error, or skip the step and go on.")
+@_configured("--checkpoint-dir", type=click.Path(file_okay=False),
+             help="Rank 0 writes checkpoints here (model, optimizer, the run's state).")
+@_configured("--checkpoint-every", help="Steps between checkpoints (one is also written at "
+                                        "the end).")
+@_configured("--checkpoint-keep", help="How many of the newest checkpoints to keep.")
+@_configured("--resume", is_flag=True,
+             help="Continue from the newest checkpoint in --checkpoint-dir (start fresh if "
+                  "there is none); --max-steps and --epochs count the whole run.")
 def train(**options):
     """Train on this rank of a Horovod job (run under horovodrun, mpirun or srun)."""
     from ..backend.backends import stopped_by_peer

@@ -47,6 +47,8 @@ class ABSWindows:
         self.updates = 0
         self.handle = None            # the allreduce in flight, and when it started
         self.reduced = None           # its result, until the next update applies it
+        self.finite = True            # whether the last update's gradient was finite
+                                      # (else it was not applied)
         self.reduce_seconds = 0.0     # this rank's estimate of what a reduction costs
         self.recent_reductions = collections.deque(maxlen=10)
         self._exchange = StepExchange()
@@ -153,13 +155,16 @@ class ABSWindows:
         reduced, self.reduced = self.reduced, None
         count, _, compute_sum, reduce_sum = reduced[-4:].tolist()
         mean = reduced[:-4] / count
-        offset = 0
-        for p in self.params:
-            p.grad = mean[offset:offset + p.numel()].view_as(p).clone()
-            offset += p.numel()
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.optimizer.step()
+        # The reduced sum is the same on every rank: a non-finite one is skipped everywhere.
+        self.finite = bool(torch.isfinite(mean).all())
+        if self.finite:
+            offset = 0
+            for p in self.params:
+                p.grad = mean[offset:offset + p.numel()].view_as(p).clone()
+                offset += p.numel()
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self.optimizer.step()
         # The first window counted samples; its mean length over the ranks seeds the rule,
         # so that from here on every rank computes the same window from reduced values.
         window = compute_sum / self.comm.size if self.updates == 0 else self.window
@@ -205,16 +210,20 @@ class ABSWindows:
                 "reduce_seconds")
 
     def state_dict(self) -> dict:
-        """The windows' position and clocks, this rank's stream, the window rule's state and
-        the reduced gradient not yet applied (a tensor; the reduction in flight is waited
-        for, so the resumed run applies it where this one would have). Local: every rank
-        started that reduction, so waiting for it completes. Windows not yet exchanged are
-        not part of it: take it right after `exchange()`, as the trainer's commits do."""
+        """The windows' position and clocks, every rank's stream position, the window rule's
+        state and the reduced gradient not yet applied (a tensor; the reduction in flight is
+        waited for, so the resumed run applies it where this one would have).
+
+        Collective: the ranks' stream positions are gathered (each rank reads its own shard
+        at its own pace). Windows not yet exchanged are not part of it: take it right after
+        `exchange()`, as the trainer's checkpoints do."""
         self._finish_reduction()
+        streams = self.comm.allgather([self.stream.epoch, self.stream.position])
         return {**{name: getattr(self, name) for name in self._SCALARS},
                 "last_sizes": list(self.last_sizes),
                 "recent_reductions": list(self.recent_reductions),
-                "stream": self.stream.state_dict(), "world_size": self.comm.size,
+                "streams": [{"epoch": int(e), "position": int(p)} for e, p in streams],
+                "world_size": self.comm.size,
                 "reduced": None if self.reduced is None else self.reduced.clone()}
 
     def load_state_dict(self, state: dict, global_batch=None) -> None:
@@ -232,6 +241,6 @@ class ABSWindows:
         self.last_sizes = list(state["last_sizes"])
         self.recent_reductions.clear()
         self.recent_reductions.extend(state["recent_reductions"])
-        self.stream.load_state_dict(state["stream"])
+        self.stream.load_state_dict(state["streams"][self.comm.rank])
         self.handle, self.reduced = None, state["reduced"]
         self.forget_uncommitted()

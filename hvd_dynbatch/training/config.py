@@ -27,6 +27,13 @@ class Batching(str, enum.Enum):
     ABS = "abs"          # no plan: ABS-SGD compute windows of micro-batches
 
 
+class OnNan(str, enum.Enum):
+    """What a step whose reduced gradient is not finite does to the run (it is never applied)."""
+
+    STOP = "stop"  # end the run on every rank with an error
+    SKIP = "skip"  # go on with the next step
+
+
 class BatchPolicy(str, enum.Enum):
     """What happens to the global batch when an elastic job's world size changes."""
 
@@ -46,6 +53,15 @@ class TrainConfig:
     `controller_gain` and `integral_gain` are the "pid" rule's (see `controller`),
     `window_gain` the ABS-SGD window rule's (see `abs_sgd`); their defaults are those
     modules' own.
+
+    A step whose reduced gradient is not finite (a NaN or infinite loss) is not applied;
+    `on_nan` says whether the run then stops (on every rank, with an error) or goes on (the
+    summary counts such steps).
+
+    With `checkpoint_dir`, rank 0 writes a checkpoint there every `checkpoint_every` steps
+    and at the end, keeping the newest `checkpoint_keep`; with `resume`, the run continues
+    from the newest one (or starts fresh if there is none), counting its steps and epochs
+    from the start of the whole run (see `checkpoint`).
 
     With `elastic`, the run survives workers joining and leaving (Horovod Elastic), committing
     its state every `commit_every` steps; `batch_policy` and `lr_rule` say what a change of
@@ -92,11 +108,17 @@ class TrainConfig:
     batch_schedule: Sequence[Tuple[int, int]] = ()
     micro_batch: int = 8
     window_gain: float = WindowRule.gain
+    on_nan: OnNan = OnNan.STOP
+    checkpoint_dir: Optional[str] = None
+    checkpoint_every: int = 100
+    checkpoint_keep: int = 3
+    resume: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "batching", Batching(self.batching))
         object.__setattr__(self, "controller", Rule(self.controller))
         object.__setattr__(self, "batch_policy", BatchPolicy(self.batch_policy))
+        object.__setattr__(self, "on_nan", OnNan(self.on_nan))
         object.__setattr__(self, "lr_decay_steps", tuple(self.lr_decay_steps or ()))
         object.__setattr__(self, "batch_schedule",
                            tuple((int(s), int(b)) for s, b in self.batch_schedule or ()))
@@ -110,6 +132,9 @@ class TrainConfig:
         if self.batch_schedule and self.elastic:
             raise DynBatchError("--batch-schedule is for non-elastic runs; an elastic run's "
                                 "batch follows its workers (--batch-policy scale)")
+        if self.resume and not self.checkpoint_dir:
+            raise DynBatchError("--resume continues from the newest checkpoint in "
+                                "--checkpoint-dir: give the directory")
         if self.lr_rule is None:
             object.__setattr__(self, "lr_rule", "smooth" if self.batch_policy is
                                BatchPolicy.SCALE else "none")
@@ -117,7 +142,8 @@ class TrainConfig:
             raise DynBatchError(f"unknown --lr-rule '{self.lr_rule}'; choose one of "
                                 f"{', '.join(RULES)}")
         for name in ("global_batch", "adjust_every", "min_batch", "timing_window",
-                     "threads", "image_size", "smooth_steps", "commit_every", "micro_batch"):
+                     "threads", "image_size", "smooth_steps", "commit_every", "micro_batch",
+                     "checkpoint_every", "checkpoint_keep"):
             if getattr(self, name) < 1:
                 raise DynBatchError(f"--{name.replace('_', '-')} must be positive, "
                                     f"got {getattr(self, name)}")

@@ -26,8 +26,9 @@ def on_reset(trainer) -> None:
     trainer.steps.forget_uncommitted()
 
 
-def run_elastic(trainer, backend) -> None:
-    """Run `trainer.loop` under Horovod Elastic until the run ends.
+def run_elastic(trainer, backend, committed=None) -> None:
+    """Run `trainer.loop` under Horovod Elastic until the run ends, from `committed` (a
+    trainer `state_dict()` restored from a checkpoint) if given.
 
     Collective in Horovod's elastic sense: every worker of the job, present or joining, calls
     it; Horovod keeps them together across resets.
@@ -40,5 +41,5 @@ def run_elastic(trainer, backend) -> None:
         trainer.join_world(backend.communicator(), committed=state.progress)
         trainer.loop(commit=commit)
 
-    backend.run_elastic(trainer.model, trainer.optimizer, trainer.state_dict(),
+    backend.run_elastic(trainer.model, trainer.optimizer, committed or trainer.state_dict(),
                         lambda: on_reset(trainer), train_elastic)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -65,7 +66,6 @@ class SampleLog:
     def __init__(self, directory: Optional[str]):
         self._file = None
         if directory:
-            import os
             import socket
 
             Path(directory).mkdir(parents=True, exist_ok=True)
@@ -92,3 +92,18 @@ def read_metrics(path: str) -> list:
 def step_records(records: list) -> list:
     """The per-step records of a run's metrics (those with every rank's batch size)."""
     return [r for r in records if "batch_sizes" in r]
+
+
+def truncate_metrics(path: str, step: int) -> None:
+    """Keep what a run resumed at `step` has already done: the records of steps before
+    `step` and of events (evaluations, resets) at it or before; drop the rest and the
+    summary. Rewritten atomically; a missing file stays missing."""
+    try:
+        records = read_metrics(path)
+    except FileNotFoundError:
+        return
+    kept = [r for r in records if r.get("type") != "summary" and
+            (r["step"] < step if "batch_sizes" in r else r.get("step", 0) <= step)]
+    tmp = Path(f"{path}.tmp.{os.getpid()}")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+    os.replace(tmp, path)

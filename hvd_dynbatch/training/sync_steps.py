@@ -69,6 +69,11 @@ class SynchronousSteps:
     def split(self) -> tuple:
         return self.batching.split
 
+    @property
+    def finite(self) -> bool:
+        """Whether the last step's reduced gradient was finite (else it was not applied)."""
+        return self.optimizer.finite
+
     def steps_per_epoch(self) -> int:
         return self.batching.steps_per_epoch()
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import enum
 import math
 import os
+import sys
+import time
 import zlib
 from dataclasses import asdict, dataclass, fields
 from typing import Callable, Optional
@@ -28,8 +30,10 @@ from ..core.controller import BatchController
 from ..core.heterogeneity import Emulator, Slowdown
 from ..core.lr import LRSchedule, scaling_rule
 from ..data.datasets import load_dataset
-from .config import Batching, TrainConfig
-from .metrics import MetricsWriter, SampleLog
+from ..errors import DynBatchError
+from .checkpoint import CheckpointDir, check_fingerprint, fingerprint, rng_state, set_rng_state
+from .config import Batching, OnNan, TrainConfig
+from .metrics import MetricsWriter, SampleLog, truncate_metrics
 from .models import build_model, least_batch
 
 
@@ -43,14 +47,17 @@ def train(config: TrainConfig, backend: Optional[Backend] = None) -> dict:
     backend = backend or HorovodBackend()
     torch.set_num_threads(config.threads)
     trainer = Trainer(config, backend)
+    committed = trainer.restore() if config.resume else None
     if config.elastic:
         from .elastic import run_elastic
 
-        run_elastic(trainer, backend)
+        run_elastic(trainer, backend, committed)
     else:
         backend.broadcast_parameters(trainer.model)
-        trainer.join_world(backend.communicator())
+        trainer.join_world(backend.communicator(), committed)
         trainer.loop()
+    if trainer.checkpoints is not None:
+        trainer.save_checkpoint()
     return trainer.finish()
 
 
@@ -66,6 +73,8 @@ class RunState:
     top5: Optional[float] = None
     last_eval_step: Optional[int] = None
     time_to_target: Optional[float] = None
+    skipped_steps: int = 0            # steps not applied: their gradient was not finite
+    checkpoint_seconds: float = 0.0   # spent writing checkpoints (rank 0's, which others wait)
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -110,6 +119,10 @@ class Trainer:
         self.samples_log = SampleLog(config.sample_log)
         self.emulator = Emulator(None, 0)
         self.checksums = np.zeros(1)
+        self.checkpoints = (CheckpointDir(config.checkpoint_dir, config.checkpoint_keep,
+                                          writer=self.comm.rank == 0)
+                            if config.checkpoint_dir else None)
+        self._resumed_from = None     # the checkpoint restored, until join_world reports it
         self._info = {}               # step -> this rank's facts for the step's metrics record
         self._last_sizes = []
 
@@ -130,33 +143,80 @@ class Trainer:
             self.run.load_state_dict(committed["run"])
             self.schedule.load_state_dict(committed["schedule"])
         self.run.generation += 1
-        fresh = self.run.generation == 1 and steps.step == 0
+        step = steps.step if committed is None else int(committed["steps"]["step"])
+        fresh = self.run.generation == 1 and step == 0
         if self.slowdown is not None:
             self.slowdown.check_world(comm.size, elastic=cfg.elastic)
-        batch = cfg.global_batch_for(comm.size, self.run.start_world, steps.step)
+        batch = cfg.global_batch_for(comm.size, self.run.start_world, step)
         if fresh:
             first = cfg.first_split(comm.size, BatchController(
                 cfg.controller_config(batch, least_batch(self.model))))
             steps.bind(comm, split=first)
-            for at_step, scheduled in cfg.batch_schedule:
-                steps.schedule_global_batch(at_step, scheduled)
         else:
             steps.bind(comm, global_batch=batch)
             if committed is not None:
                 steps.load_state_dict(committed["steps"], global_batch=batch)
-        self.schedule.on_batch_change(steps.step, batch)
+        for at_step, scheduled in cfg.batch_schedule:
+            if at_step > step:
+                steps.schedule_global_batch(at_step, scheduled)
+        self.schedule.on_batch_change(step, batch)
         self.emulator = Emulator(self.slowdown, comm.rank)
         self.metrics.set_path(cfg.metrics if comm.rank == 0 else None, append=not fresh)
         if not fresh:
-            self.metrics.write({"type": "reset", "step": steps.step, "world_size": comm.size,
+            event = {"type": "reset"} if self._resumed_from is None else \
+                {"type": "resume", "checkpoint": str(self._resumed_from)}
+            self.metrics.write({**event, "step": step, "world_size": comm.size,
                                 "global_batch": batch, "split": list(steps.split),
                                 "generation": self.run.generation})
+            self._resumed_from = None
 
     def state_dict(self) -> dict:
         """Everything but the model and optimizer that the run must carry across a reset
-        (and a restart): plain values. Local: no collective."""
+        (and a restart). Local for synchronous steps; ABS-SGD's gathers every rank's stream
+        position (see `ABSWindows.state_dict`)."""
         return {"run": self.run.state_dict(), "steps": self.steps.state_dict(),
                 "schedule": self.schedule.state_dict(), "world_size": self.comm.size}
+
+    # -- checkpoints --------------------------------------------------------------------------
+
+    def save_checkpoint(self) -> None:
+        """Write a checkpoint of the run as it is after the last step (rank 0 writes).
+
+        Collective: every rank calls it at the same step; the pending steps are exchanged
+        and written to the metrics first, so a resumed run's metrics continue exactly."""
+        self._write(self.steps.exchange())
+        started = time.perf_counter()
+        state = {"fingerprint": fingerprint(self.cfg), "trainer": self.state_dict(),
+                 "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "rng": rng_state()}
+        if self.comm.rank == 0:
+            self.checkpoints.save(state, self.steps.step)
+        self.run.checkpoint_seconds += time.perf_counter() - started
+
+    def restore(self) -> Optional[dict]:
+        """Load the newest checkpoint into the model, the optimizer and the random number
+        generators; return the trainer's state to `join_world` with (None, and a fresh
+        start, if there is no checkpoint). Rank 0 cuts the metrics file back to the
+        checkpoint's step. Local: every rank reads the file itself."""
+        path = self.checkpoints.latest()
+        if path is None:
+            self._say(f"no checkpoint in {self.cfg.checkpoint_dir}: starting fresh")
+            return None
+        state = CheckpointDir.load(path)
+        check_fingerprint(state["fingerprint"], self.cfg, path)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        set_rng_state(state["rng"])
+        step = int(state["trainer"]["steps"]["step"])
+        if self.comm.rank == 0 and self.cfg.metrics:
+            truncate_metrics(self.cfg.metrics, step)
+        self._say(f"resuming from {path} at step {step}")
+        self._resumed_from = path
+        return state["trainer"]
+
+    def _say(self, message: str) -> None:
+        if self.comm.rank == 0:
+            print(f"hvd-dynbatch: {message}", file=sys.stderr, flush=True)
 
     # -- the run -----------------------------------------------------------------------------
 
@@ -177,7 +237,8 @@ class Trainer:
                 epoch_before = steps.epoch
                 info = steps.train_step(self.schedule.lr(step), self.emulator,
                                         self.samples_log, self.run.generation)
-                self._info[step] = {"step": step, "time": steps.clock, **info}
+                self._info[step] = {"step": step, "time": steps.clock, **info,
+                                    **self._check_finite(step, info["lr"])}
                 last = steps.step == total
                 if self._write(steps.exchange() if last else steps.take_records()) and \
                         progress is not None:
@@ -185,23 +246,42 @@ class Trainer:
                     progress.set_postfix(loss=f"{self.run.last_loss:.3f}",
                                          split=",".join(map(str, self._last_sizes)))
                 epoch_end = steps.epoch != epoch_before
-                if last:
-                    steps.drain(self.schedule.lr(steps.step))
+                if last and steps.drain(self.schedule.lr(steps.step)):
+                    self._check_finite(step, self.schedule.lr(steps.step))
                 if (cfg.eval_every and steps.step % cfg.eval_every == 0) or \
                         (not cfg.eval_every and epoch_end):
                     self._evaluate()
                 if commit is not None and steps.step % cfg.commit_every == 0:
                     self._write(steps.exchange())
                     commit()
+                if self.checkpoints is not None and steps.step % cfg.checkpoint_every == 0 \
+                        and steps.step < total:
+                    self.save_checkpoint()
             # The run's last update (ABS-SGD's pending one) comes before the last step's
             # evaluation; a run stopped early at its target has the final figures taken again.
-            if steps.drain(self.schedule.lr(steps.step)) or \
-                    self.run.last_eval_step != steps.step:
+            drained = steps.drain(self.schedule.lr(steps.step))
+            if drained:
+                self._check_finite(steps.step - 1, self.schedule.lr(steps.step))
+            if drained or self.run.last_eval_step != steps.step:
                 self._evaluate()
             self.checksums = self.comm.allgather([self._weights_checksum()])[:, 0]
         finally:
             if progress is not None:
                 progress.close()
+
+    def _check_finite(self, step: int, lr: float) -> dict:
+        """After an update: nothing if its gradient was finite. Else it was not applied, and
+        under `--on-nan stop` the run ends here, on every rank alike (the reduced gradient
+        is the same everywhere); under `skip` the step is counted and marked."""
+        if self.steps.finite:
+            return {}
+        self.run.skipped_steps += 1
+        if self.cfg.on_nan is OnNan.STOP:
+            raise DynBatchError(
+                f"the gradient of step {step} is not finite (the loss is NaN or infinite, "
+                f"lr {lr:g}); the update was not applied and the run stops. Lower --lr, or "
+                f"pass --on-nan skip to skip such steps")
+        return {"skipped": True}
 
     def _write(self, records: list) -> bool:
         """Write the exchanged steps' metrics (rank 0) and note the last loss and split."""
@@ -277,6 +357,8 @@ class Trainer:
             "final_top5": run.top5,
             "target_accuracy": cfg.target_accuracy,
             "time_to_target": run.time_to_target,
+            "skipped_steps": run.skipped_steps,
+            "checkpoint_seconds": run.checkpoint_seconds,
             "final_split": steps.final_split(),
             "weights_checksums": [int(c) for c in self.checksums],
             "weights_identical": bool(np.all(self.checksums == self.checksums[0])),

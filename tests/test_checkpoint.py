@@ -1,0 +1,152 @@
+"""Checkpoints and resume: the files, in one process, and a killed job resumed on another
+launcher and number of ranks."""
+import os
+import time
+
+import pytest
+import torch
+
+from hvd_dynbatch.backend.backends import LocalBackend
+from hvd_dynbatch.errors import DynBatchError
+from hvd_dynbatch.tools.launch import Launcher, kill_tree, start_local, wait_local
+from hvd_dynbatch.training.checkpoint import CheckpointDir, check_fingerprint, fingerprint
+from hvd_dynbatch.training.config import TrainConfig
+from hvd_dynbatch.training.metrics import read_metrics, step_records, truncate_metrics
+from hvd_dynbatch.training.trainer import train
+from launcher import CLI, expect_user_error, run_cli, run_ranks, train_one_process
+
+
+class TestCheckpointDir:
+    def test_keeps_the_newest_and_leaves_no_temporary_file(self, tmp_path):
+        saved = CheckpointDir(str(tmp_path), keep=2)
+        for step in (5, 10, 15):
+            saved.save({"step": step}, step)
+        assert [p.name for p in saved.checkpoints()] == ["checkpoint-000000010.pt",
+                                                         "checkpoint-000000015.pt"]
+        assert CheckpointDir.load(saved.latest()) == {"step": 15}
+        assert sorted(p.name for p in tmp_path.iterdir()) == [
+            "checkpoint-000000010.pt", "checkpoint-000000015.pt"]
+
+    def test_a_killed_writers_temporary_file_is_removed_and_never_read(self, tmp_path):
+        (tmp_path / ".tmp-checkpoint-20-1234").write_bytes(b"half a checkpoint")
+        assert CheckpointDir(str(tmp_path), writer=False).latest() is None
+        CheckpointDir(str(tmp_path))
+        assert list(tmp_path.iterdir()) == []
+
+    def test_an_unreadable_checkpoint_is_named(self, tmp_path):
+        (tmp_path / "checkpoint-000000007.pt").write_bytes(b"not torch")
+        with pytest.raises(DynBatchError, match="cannot read checkpoint .*checkpoint-000000007"):
+            CheckpointDir.load(CheckpointDir(str(tmp_path)).latest())
+
+    def test_an_unwritable_directory_is_a_clear_error(self, tmp_path):
+        (tmp_path / "file").write_text("")
+        with pytest.raises(DynBatchError, match="cannot use --checkpoint-dir"):
+            CheckpointDir(str(tmp_path / "file" / "sub"))
+
+    def test_a_changed_setting_is_named(self):
+        saved = fingerprint(TrainConfig(global_batch=64, model="mlp"))
+        check_fingerprint(saved, TrainConfig(global_batch=64, model="mlp", lr=0.5), "ckpt")
+        with pytest.raises(DynBatchError, match=r"--model mlp \(now cnn\), "
+                                                r"--global-batch 64 \(now 32\)"):
+            check_fingerprint(saved, TrainConfig(global_batch=32, model="cnn"), "ckpt")
+
+
+def test_truncated_metrics_keep_what_came_before_the_checkpoint(tmp_path):
+    path = tmp_path / "m.jsonl"
+    records = [{"step": s, "batch_sizes": [1]} for s in range(6)] + [
+        {"type": "eval", "step": 4}, {"type": "eval", "step": 6}, {"type": "summary"}]
+    path.write_text("".join(f"{r}\n".replace("'", '"') for r in records))
+    truncate_metrics(str(path), 4)
+    assert read_metrics(str(path)) == records[:4] + [{"type": "eval", "step": 4}]
+
+
+def local_run(tmp_path, **options):
+    config = TrainConfig(model="mlp", dataset="digits", global_batch=64, seed=2,
+                         eval_every=10, progress=False, metrics=str(tmp_path / "m.jsonl"),
+                         save_model=str(tmp_path / "model.pt"), **options)
+    return train(config, LocalBackend()), torch.load(config.save_model)
+
+
+def assert_same_weights(actual: dict, expected: dict, rtol=1e-6):
+    for name, value in expected.items():
+        torch.testing.assert_close(actual[name], value, rtol=rtol, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("batching", ["dynamic", "abs"])
+def test_a_resumed_run_continues_the_whole_runs_steps(tmp_path, batching):
+    """Stopped at step 13 (the end checkpoint), resumed to 30: every step once in the
+    metrics, --max-steps counting the whole run; synchronous steps end with the weights of
+    the run that never stopped (ABS-SGD's windows are timed, so its samples differ)."""
+    ckpt = str(tmp_path / "ckpt")
+    first, _ = local_run(tmp_path, batching=batching, max_steps=13, checkpoint_dir=ckpt,
+                         checkpoint_every=5)
+    assert first["steps"] == 13
+    summary, weights = local_run(tmp_path, batching=batching, max_steps=30,
+                                 checkpoint_dir=ckpt, checkpoint_every=5, resume=True)
+    records = read_metrics(str(tmp_path / "m.jsonl"))
+    assert [r["step"] for r in step_records(records)] == list(range(30))
+    assert [r["type"] for r in records if r.get("type") in ("resume", "summary")] == \
+        ["resume", "summary"]
+    assert summary["steps"] == 30 and summary["samples"] == sum(
+        r["global_batch"] for r in step_records(records))
+    assert [p.name for p in CheckpointDir(ckpt).checkpoints()] == [
+        "checkpoint-000000020.pt", "checkpoint-000000025.pt", "checkpoint-000000030.pt"]
+    if batching == "dynamic":
+        alone = tmp_path / "alone"
+        alone.mkdir()
+        _, expected = local_run(alone, batching=batching, max_steps=30)
+        assert_same_weights(weights, expected)
+
+
+def test_resume_without_a_checkpoint_starts_fresh_and_a_changed_setting_is_refused(tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    out = run_cli(["train", "--max-steps", "3", "--checkpoint-dir", ckpt, "--resume",
+                   "--no-progress"])
+    assert out.returncode == 0 and "no checkpoint in" in out.stderr, out.stderr
+    expect_user_error(run_cli(["train", "--max-steps", "6", "--checkpoint-dir", ckpt,
+                               "--resume", "--global-batch", "32", "--no-progress"]),
+                      "was written with --global-batch 64 (now 32)")
+    expect_user_error(run_cli(["train", "--resume"]), "give the directory")
+
+
+# No batch norm: a split step's update equals the one-rank step to rounding.
+COMMON = ["--model", "mlp", "--dataset", "digits", "--global-batch", "64", "--lr", "0.05",
+          "--seed", "3", "--max-steps", "40", "--epochs", "5", "--adjust-every", "2",
+          "--eval-every", "10", "--no-progress"]
+
+
+def test_a_killed_job_resumes_on_another_launcher_and_world_with_the_same_weights(tmp_path):
+    """kill -9 of the whole 2-rank Gloo job after its checkpoint at step 8 or later; resumed
+    with --resume on 3 ranks under mpirun, it ends with the weights of one uninterrupted
+    process, every step in the metrics once."""
+    reference, ref_records = train_one_process(COMMON, tmp_path, "one")
+    ckpt, metrics, model = tmp_path / "ckpt", tmp_path / "m.jsonl", tmp_path / "m.pt"
+    files = ["--checkpoint-dir", str(ckpt), "--checkpoint-every", "4", "--metrics",
+             str(metrics), "--save-model", str(model)]
+    # Emulated slow ranks (about 0.1 s per step) leave time to kill the job mid-run.
+    job = start_local(Launcher.GLOO, 2, [*CLI, "train", *COMMON, *files, "--slowdown",
+                                         "40,120"], log=str(tmp_path / "first.log"))
+    try:
+        deadline = time.monotonic() + 120
+        while not any(int(p.stem.split("-")[1]) >= 8 for p in ckpt.glob("checkpoint-*.pt")):
+            assert job.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint at step 8 within 120 s"
+            time.sleep(0.1)
+    finally:
+        kill_tree(job.pid)
+        wait_local(job, 30)
+    killed_at = len(step_records(read_metrics(str(metrics))))
+    assert killed_at < 40, "the job ended before it was killed"
+
+    resumed = run_ranks(Launcher.MPIRUN, 3, [*CLI, "train", *COMMON, *files, "--resume",
+                                             "--slowdown", "1,2,1"], timeout=240)
+    assert resumed.returncode == 0, resumed.explain()
+    assert "resuming from" in resumed.job.stderr
+    records = read_metrics(str(metrics))
+    steps = step_records(records)
+    assert [r["step"] for r in steps] == list(range(40))
+    assert [r["global_batch"] for r in steps] == \
+        [r["global_batch"] for r in step_records(ref_records)]
+    assert {len(r["batch_sizes"]) for r in steps} == {2, 3}
+    assert_same_weights(torch.load(model), reference, rtol=1e-5)
+    assert not [p for p in os.listdir(ckpt) if not p.startswith("checkpoint-")]

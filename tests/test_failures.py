@@ -1,0 +1,30 @@
+"""Runs that go wrong end clearly: a non-finite loss stops every rank at its step."""
+import torch
+
+from hvd_dynbatch.tools.launch import Launcher
+from hvd_dynbatch.training.metrics import step_records
+from launcher import CLI, run_ranks, train_one_process
+
+# --lr 1e6 makes the mlp's loss NaN within two steps.
+DIVERGING = ["train", "--model", "mlp", "--lr", "1e6", "--global-batch", "64", "--max-steps",
+             "20", "--no-progress"]
+
+
+def test_a_nonfinite_loss_stops_every_rank_at_its_step(tmp_path):
+    model = tmp_path / "model.pt"
+    job = run_ranks(Launcher.GLOO, 2, [*CLI, *DIVERGING, "--save-model", str(model)])
+    assert job.returncode != 0, job.explain()
+    errors = [line.split("hvd-dynbatch: error: ", 1)[1]
+              for line in job.job.stderr.splitlines() if "hvd-dynbatch: error: " in line]
+    assert len(errors) == 2 and errors[0] == errors[1], job.explain()
+    assert "is not finite" in errors[0] and "lr 1e+06" in errors[0]
+    # No rank prints a traceback (horovodrun itself still prints its own on a failed job).
+    assert "<stderr>:Traceback" not in job.job.stderr and not model.exists()
+
+
+def test_on_nan_skip_goes_on_without_applying_such_steps(tmp_path):
+    weights, records = train_one_process([*DIVERGING[1:], "--on-nan", "skip"], tmp_path)
+    summary = records[-1]
+    skipped = [r["step"] for r in step_records(records) if r.get("skipped")]
+    assert summary["steps"] == 20 and summary["skipped_steps"] == len(skipped) > 0
+    assert all(torch.isfinite(v).all() for v in weights.values())
