@@ -45,6 +45,7 @@ section "Comparison matrix" "$PY" matrix.py --plots plots.tmp
 section "ImageNet subset" "$PY" imagenet_subset.py
 section "Elastic learning-rate rules" "$PY" elastic_lr.py --plots plots.tmp
 section "ABS-SGD" "$PY" abs_compare.py
+section "Checkpoints" "$PY" checkpoint_cost.py
 
 {
     echo

@@ -21,7 +21,7 @@ class SlowPeer(Communicator):
     def allgather(self, values):
         mine = np.asarray(values, dtype=np.float64)
         peer = mine.copy()
-        peer[1] *= 4  # the smoothed compute time, after the lag
+        peer[2] *= 4  # the smoothed compute time, after the stop flag and the lag
         return np.vstack([mine, peer])
 
 
@@ -107,3 +107,21 @@ def test_a_step_without_a_batch_says_what_to_do():
     batching = DynamicBatching(DATA, 64, LocalCommunicator())
     with pytest.raises(DynBatchError, match="batching.loader"):
         batching.step_done()
+
+
+class StoppingPeer(SlowPeer):
+    """Rank 0 of 2, whose peer asks to stop (a SIGTERM there)."""
+
+    def allgather(self, values):
+        gathered = super().allgather(values)
+        gathered[1, 0] = 1.0  # the peer's stop flag
+        return gathered
+
+
+def test_a_stop_asked_by_another_rank_is_known_here_at_the_next_exchange():
+    batching = DynamicBatching(DATA, 64, StoppingPeer(), adjust_every=3)
+    loader = batching.loader()
+    take(loader, batching, 2)
+    assert not batching.stop_requested
+    take(loader, batching, 1)
+    assert batching.stop_requested

@@ -1,8 +1,10 @@
 """Checkpoints and resume: the files, in one process, and a killed job resumed on another
 launcher and number of ranks."""
 import os
+import signal
 import time
 
+import psutil
 import pytest
 import torch
 
@@ -115,38 +117,90 @@ COMMON = ["--model", "mlp", "--dataset", "digits", "--global-batch", "64", "--lr
           "--eval-every", "10", "--no-progress"]
 
 
-def test_a_killed_job_resumes_on_another_launcher_and_world_with_the_same_weights(tmp_path):
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The run in one process without a stop: the weights and metrics to reproduce."""
+    return train_one_process(COMMON, tmp_path_factory.mktemp("one"), "one")
+
+
+class Job:
+    """A 2-rank Gloo job of COMMON with checkpoints, its ranks emulated slow (about 0.1 s a
+    step) so that a test can stop it mid-run."""
+
+    def __init__(self, tmp_path, every: int):
+        self.ckpt, self.metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
+        self.model, self.log = tmp_path / "m.pt", tmp_path / "first.log"
+        self.files = ["--checkpoint-dir", str(self.ckpt), "--checkpoint-every", str(every),
+                      "--metrics", str(self.metrics), "--save-model", str(self.model)]
+        self.proc = start_local(Launcher.GLOO, 2, [*CLI, "train", *COMMON, *self.files,
+                                                   "--slowdown", "40,120"], log=str(self.log))
+
+    def wait_until(self, condition, what: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert self.proc.poll() is None, f"ended before {what}: {self.log.read_text()}"
+            assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+            time.sleep(0.1)
+
+    def steps_written(self) -> int:
+        return len(step_records(read_metrics(str(self.metrics)))) if self.metrics.exists() \
+            else 0
+
+    def resume(self, launcher, np, slowdown, reference):
+        """Resume with --resume on `np` ranks; check the weights and metrics against the
+        uninterrupted one-process run."""
+        resumed = run_ranks(launcher, np, [*CLI, "train", *COMMON, *self.files, "--resume",
+                                           "--slowdown", slowdown], timeout=240)
+        assert resumed.returncode == 0, resumed.explain()
+        assert "resuming from" in resumed.job.stderr
+        steps = step_records(read_metrics(str(self.metrics)))
+        assert [r["step"] for r in steps] == list(range(40))
+        assert [r["global_batch"] for r in steps] == \
+            [r["global_batch"] for r in step_records(reference[1])]
+        assert_same_weights(torch.load(self.model), reference[0], rtol=1e-5)
+        assert not [p for p in os.listdir(self.ckpt) if not p.startswith("checkpoint-")]
+        return steps
+
+
+def test_a_killed_job_resumes_on_another_launcher_and_world_with_the_same_weights(
+        tmp_path, reference):
     """kill -9 of the whole 2-rank Gloo job after its checkpoint at step 8 or later; resumed
     with --resume on 3 ranks under mpirun, it ends with the weights of one uninterrupted
     process, every step in the metrics once."""
-    reference, ref_records = train_one_process(COMMON, tmp_path, "one")
-    ckpt, metrics, model = tmp_path / "ckpt", tmp_path / "m.jsonl", tmp_path / "m.pt"
-    files = ["--checkpoint-dir", str(ckpt), "--checkpoint-every", "4", "--metrics",
-             str(metrics), "--save-model", str(model)]
-    # Emulated slow ranks (about 0.1 s per step) leave time to kill the job mid-run.
-    job = start_local(Launcher.GLOO, 2, [*CLI, "train", *COMMON, *files, "--slowdown",
-                                         "40,120"], log=str(tmp_path / "first.log"))
+    job = Job(tmp_path, every=4)
     try:
-        deadline = time.monotonic() + 120
-        while not any(int(p.stem.split("-")[1]) >= 8 for p in ckpt.glob("checkpoint-*.pt")):
-            assert job.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "no checkpoint at step 8 within 120 s"
-            time.sleep(0.1)
+        job.wait_until(lambda: any(int(p.stem.split("-")[1]) >= 8
+                                   for p in job.ckpt.glob("checkpoint-*.pt")),
+                       "checkpoint at step 8")
     finally:
-        kill_tree(job.pid)
-        wait_local(job, 30)
-    killed_at = len(step_records(read_metrics(str(metrics))))
-    assert killed_at < 40, "the job ended before it was killed"
-
-    resumed = run_ranks(Launcher.MPIRUN, 3, [*CLI, "train", *COMMON, *files, "--resume",
-                                             "--slowdown", "1,2,1"], timeout=240)
-    assert resumed.returncode == 0, resumed.explain()
-    assert "resuming from" in resumed.job.stderr
-    records = read_metrics(str(metrics))
-    steps = step_records(records)
-    assert [r["step"] for r in steps] == list(range(40))
-    assert [r["global_batch"] for r in steps] == \
-        [r["global_batch"] for r in step_records(ref_records)]
+        kill_tree(job.proc.pid)
+        wait_local(job.proc, 30)
+    assert job.steps_written() < 40, "the job ended before it was killed"
+    steps = job.resume(Launcher.MPIRUN, 3, "1,2,1", reference)
     assert {len(r["batch_sizes"]) for r in steps} == {2, 3}
-    assert_same_weights(torch.load(model), reference, rtol=1e-5)
-    assert not [p for p in os.listdir(ckpt) if not p.startswith("checkpoint-")]
+
+
+def test_sigterm_to_one_rank_stops_every_rank_at_one_step_with_a_checkpoint(
+        tmp_path, reference):
+    """SIGTERM (Slurm's notice) to rank 1 alone: both ranks stop at the same step, within
+    one exchange (--adjust-every 2), after a checkpoint there; --resume finishes the run
+    with the uninterrupted weights."""
+    job = Job(tmp_path, every=100)
+    job.wait_until(lambda: job.steps_written() >= 6, "6 steps")
+    ranks = [p for p in psutil.Process(job.proc.pid).children(recursive=True)
+             if "hvd_dynbatch" in " ".join(p.cmdline()) and "HOROVOD_RANK=1" in
+             " ".join(f"{k}={v}" for k, v in p.environ().items())]
+    assert len(ranks) == 1, ranks
+    ranks[0].send_signal(signal.SIGTERM)
+    result = wait_local(job.proc, 120)
+    log = job.log.read_text()
+    assert result.returncode != 0 and not result.timed_out, log
+    stops = [line.split("hvd-dynbatch: error: ", 1)[1] for line in log.splitlines()
+             if "hvd-dynbatch: error: stopped by" in line]
+    assert sorted(s.split(" at step")[0] for s in stops) == [
+        "stopped by SIGTERM to this rank", "stopped by a signal to another rank"], log
+    step = int(stops[0].split(" at step ")[1].split()[0])
+    assert [p.name for p in CheckpointDir(str(job.ckpt)).checkpoints()] == \
+        [f"checkpoint-{step:09d}.pt"]
+    assert job.steps_written() == step < 40
+    job.resume(Launcher.GLOO, 2, "1,1", reference)

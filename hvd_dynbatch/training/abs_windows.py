@@ -76,6 +76,14 @@ class ABSWindows:
     def final_split(self) -> list:
         return self.last_sizes
 
+    @property
+    def stop_requested(self) -> bool:
+        """See `StepExchange`: some rank asked to stop, known everywhere at the same window."""
+        return self._exchange.stop_requested
+
+    def request_stop(self) -> None:
+        self._exchange.request_stop()
+
     def bind(self, comm, split=None, global_batch=None) -> tuple:
         """ABS-SGD runs on a fixed world (the configuration refuses elastic runs)."""
         self.comm = comm

@@ -76,10 +76,16 @@ class StepRecord:
 
 class StepExchange:
     """This rank's facts of the steps since the last exchange, and the all-gather that
-    shares them as `StepRecord`s. Used by every step strategy (planned steps, ABS windows)."""
+    shares them as `StepRecord`s. Used by every step strategy (planned steps, ABS windows).
+
+    It also carries stop requests: `request_stop()` on any rank (a signal handler's call)
+    makes `stop_requested` true on every rank after the next gather, so that all of them
+    stop at the same step."""
 
     def __init__(self):
         self._facts, self._steps = [], []
+        self._stop_here = False
+        self.stop_requested = False
 
     def __len__(self) -> int:
         return len(self._steps)
@@ -91,7 +97,13 @@ class StepExchange:
         self._steps.append((step, epoch))
 
     def clear(self) -> None:
+        """Drop the noted steps (a stop request stays)."""
         self._facts, self._steps = [], []
+
+    def request_stop(self) -> None:
+        """Ask every rank to stop; they learn it at the next gather. Safe in a signal
+        handler (it only sets a flag)."""
+        self._stop_here = True
 
     def gather(self, comm: Communicator, head: Sequence[float] = ()):
         """All-gather `head` (a few values per rank) and the noted steps; returns the
@@ -99,8 +111,9 @@ class StepExchange:
 
         Collective: every rank calls it with the same number of steps noted.
         """
-        gathered = comm.allgather([*head, *np.ravel(self._facts)])
-        heads, facts = gathered[:, :len(head)], gathered[:, len(head):]
+        gathered = comm.allgather([float(self._stop_here), *head, *np.ravel(self._facts)])
+        self.stop_requested = self.stop_requested or bool(gathered[:, 0].any())
+        heads, facts = gathered[:, 1:1 + len(head)], gathered[:, 1 + len(head):]
         facts = facts.reshape(comm.size, -1, _FACTS)
         records = [StepRecord(step, epoch, facts[:, k, 0].astype(int).tolist(),
                               facts[:, k, 1].tolist(), facts[:, k, 2].tolist(),
@@ -179,6 +192,17 @@ class DynamicBatching:
     @property
     def size(self) -> int:
         return self.comm.size
+
+    @property
+    def stop_requested(self) -> bool:
+        """Whether some rank asked to stop (`request_stop`) before the last exchange: true
+        on every rank from the same step on."""
+        return self._exchange.stop_requested
+
+    def request_stop(self) -> None:
+        """Ask every rank to stop: `stop_requested` turns true everywhere at the next
+        exchange (within `adjust_every` steps). Local; safe in a signal handler."""
+        self._exchange.request_stop()
 
     @property
     def global_batch(self) -> int:

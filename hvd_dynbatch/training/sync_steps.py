@@ -70,6 +70,13 @@ class SynchronousSteps:
         return self.batching.split
 
     @property
+    def stop_requested(self) -> bool:
+        return self.batching.stop_requested
+
+    def request_stop(self) -> None:
+        self.batching.request_stop()
+
+    @property
     def finite(self) -> bool:
         """Whether the last step's reduced gradient was finite (else it was not applied)."""
         return self.optimizer.finite

@@ -11,10 +11,13 @@ commit.
 """
 from __future__ import annotations
 
+import contextlib
 import enum
 import math
 import os
+import signal
 import sys
+import threading
 import time
 import zlib
 from dataclasses import asdict, dataclass, fields
@@ -48,17 +51,46 @@ def train(config: TrainConfig, backend: Optional[Backend] = None) -> dict:
     torch.set_num_threads(config.threads)
     trainer = Trainer(config, backend)
     committed = trainer.restore() if config.resume else None
-    if config.elastic:
-        from .elastic import run_elastic
+    with _stop_on_signals(trainer):
+        if config.elastic:
+            from .elastic import run_elastic
 
-        run_elastic(trainer, backend, committed)
-    else:
-        backend.broadcast_parameters(trainer.model)
-        trainer.join_world(backend.communicator(), committed)
-        trainer.loop()
+            run_elastic(trainer, backend, committed)
+        else:
+            backend.broadcast_parameters(trainer.model)
+            trainer.join_world(backend.communicator(), committed)
+            trainer.loop()
     if trainer.checkpoints is not None:
         trainer.save_checkpoint()
     return trainer.finish()
+
+
+class Stopped(DynBatchError):
+    """The run stopped early on a signal (SIGTERM, SIGINT) to some rank, every rank at the
+    same step, after writing a checkpoint if it has a checkpoint directory."""
+
+
+@contextlib.contextmanager
+def _stop_on_signals(trainer):
+    """SIGTERM or SIGINT (Slurm's notice before it kills a job, Ctrl-C) asks every rank to
+    stop at the next exchange (`Trainer.loop` then checkpoints and raises `Stopped`). A second
+    SIGINT interrupts at once. Only in the main thread, where Python runs signal handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        if signum == signal.SIGINT and trainer.stop_signal is not None:
+            raise KeyboardInterrupt
+        trainer.stop_signal = signal.Signals(signum).name
+        trainer.steps.request_stop()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 @dataclass
@@ -123,6 +155,7 @@ class Trainer:
                                           writer=self.comm.rank == 0)
                             if config.checkpoint_dir else None)
         self._resumed_from = None     # the checkpoint restored, until join_world reports it
+        self.stop_signal = None       # the name of the signal that asked this rank to stop
         self._info = {}               # step -> this rank's facts for the step's metrics record
         self._last_sizes = []
 
@@ -254,6 +287,8 @@ class Trainer:
                 if commit is not None and steps.step % cfg.commit_every == 0:
                     self._write(steps.exchange())
                     commit()
+                if steps.stop_requested and steps.step < total:
+                    self._stop()
                 if self.checkpoints is not None and steps.step % cfg.checkpoint_every == 0 \
                         and steps.step < total:
                     self.save_checkpoint()
@@ -268,6 +303,17 @@ class Trainer:
         finally:
             if progress is not None:
                 progress.close()
+
+    def _stop(self) -> None:
+        """Every rank, at the same step: write a checkpoint if there is a directory for one,
+        then raise `Stopped`."""
+        who = f"{self.stop_signal} to this rank" if self.stop_signal else "a signal to another rank"
+        if self.checkpoints is None:
+            raise Stopped(f"stopped by {who} at step {self.steps.step}; no --checkpoint-dir, "
+                          f"so nothing was saved")
+        self.save_checkpoint()
+        raise Stopped(f"stopped by {who} at step {self.steps.step} with a checkpoint in "
+                      f"{self.cfg.checkpoint_dir}; the same command with --resume goes on")
 
     def _check_finite(self, step: int, lr: float) -> dict:
         """After an update: nothing if its gradient was finite. Else it was not applied, and
