@@ -49,8 +49,12 @@ def train(config: TrainConfig, backend: Optional[Backend] = None) -> dict:
     """
     backend = backend or HorovodBackend()
     torch.set_num_threads(config.threads)
-    trainer = Trainer(config, backend)
-    committed = trainer.restore() if config.resume else None
+    comm = backend.communicator()
+    with _every_rank_starts(comm):
+        trainer = Trainer(config, backend)
+        committed = trainer.restore() if config.resume else None
+        if not config.elastic:
+            trainer.join_world(comm, committed)
     with _stop_on_signals(trainer):
         if config.elastic:
             from .elastic import run_elastic
@@ -58,11 +62,32 @@ def train(config: TrainConfig, backend: Optional[Backend] = None) -> dict:
             run_elastic(trainer, backend, committed)
         else:
             backend.broadcast_parameters(trainer.model)
-            trainer.join_world(backend.communicator(), committed)
             trainer.loop()
     if trainer.checkpoints is not None:
         trainer.save_checkpoint()
     return trainer.finish()
+
+
+@contextlib.contextmanager
+def _every_rank_starts(comm: Communicator):
+    """Run the start-up (building the trainer: the data, the model, the checks against the
+    world) on every rank, then agree: if it failed anywhere, every rank raises, its own
+    error or one naming the ranks that failed.
+
+    Collective: one all-gather after the start-up. Without it a rank that fails fast exits
+    while the others are still starting; Horovod then shuts them down under their feet (on
+    MPI, a segfault in the middle of an MPI call) or they wait for it in a collective."""
+    error = None
+    try:
+        yield
+    except Exception as exc:
+        error = exc
+    failed = np.flatnonzero(comm.allgather([error is not None])[:, 0])
+    if error is not None:
+        raise error
+    if failed.size:
+        raise DynBatchError(f"rank {', '.join(map(str, failed))} could not start (see its "
+                            f"error); this rank stops too")
 
 
 class Stopped(DynBatchError):
