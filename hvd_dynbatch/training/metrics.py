@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from ..errors import DynBatchError
+
 
 def _plain(value):
     """JSON has no NaN or infinity: write them as null."""
@@ -68,7 +70,11 @@ class SampleLog:
         if directory:
             import socket
 
-            Path(directory).mkdir(parents=True, exist_ok=True)
+            try:
+                Path(directory).mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise DynBatchError(f"--sample-log {directory}: cannot create it "
+                                    f"({exc.strerror})") from None
             # Horovod tells each worker the host name it was placed on.
             host = os.environ.get("HOROVOD_HOSTNAME", socket.gethostname())
             name = f"{host}-{os.getpid()}.jsonl"

@@ -21,6 +21,7 @@ import threading
 import time
 import zlib
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
@@ -172,6 +173,11 @@ class Trainer:
                                    scaling_rule(config.lr_rule, config.smooth_steps),
                                    config.base_schedule())
         self.run = RunState(start_world=self.comm.size)
+        if self.comm.rank == 0:
+            for option, path in (("--metrics", config.metrics),
+                                 ("--save-model", config.save_model)):
+                if path:
+                    _check_writable(path, option)
         self.metrics = MetricsWriter(None)
         self.samples_log = SampleLog(config.sample_log)
         self.emulator = Emulator(None, 0)
@@ -471,10 +477,27 @@ def weights_checksum(state_dict: dict) -> int:
     return crc
 
 
+def _check_writable(path: str, option: str) -> None:
+    """Fail at the start, not after the training, if the file `path` cannot be written."""
+    target = Path(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DynBatchError(f"{option} {path}: cannot create its folder ({exc.strerror})") \
+            from None
+    if target.is_dir() or not os.access(target.parent, os.W_OK) or \
+            (target.exists() and not os.access(target, os.W_OK)):
+        raise DynBatchError(f"{option} {path} is not a writable file")
+
+
 def _save_atomically(state_dict: dict, path: str) -> None:
     """Write to a temporary file beside `path`, then rename: no half-written model."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     tmp = f"{path}.tmp.{os.getpid()}"
-    torch.save(state_dict, tmp)
-    os.replace(tmp, path)
+    try:
+        torch.save(state_dict, tmp)
+        os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise DynBatchError(f"cannot write --save-model {path}: {exc.strerror}") from None
