@@ -265,7 +265,7 @@ def test_a_world_of_the_same_size_resumes_with_the_committed_split(committed):
     # It takes rank 1's slice of the step the job goes on with.
     ahead = VariableBatchSampler(len(trainer.data.train), 1, (20, 44), ELASTIC.seed)
     ahead.load_state_dict(batching.state_dict()["position"])
-    x, _ = next(iter(joined.steps.loader))
+    x, _, _ = next(iter(joined.steps.loader))
     assert torch.equal(x, trainer.data.train.fetch(ahead.next_step().indices)[0])
 
 

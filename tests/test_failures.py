@@ -3,9 +3,10 @@ world, in the data) and a non-finite loss."""
 import pytest
 import torch
 
+from hvd_dynbatch.data.datasets import write_image_folder
 from hvd_dynbatch.tools.launch import Launcher
 from hvd_dynbatch.training.metrics import step_records
-from launcher import CLI, run_ranks, train_one_process
+from launcher import CLI, expect_user_error, run_cli, run_ranks, train_one_process
 
 # --lr 1e6 makes the mlp's loss NaN within two steps.
 DIVERGING = ["train", "--model", "mlp", "--lr", "1e6", "--global-batch", "64", "--max-steps",
@@ -53,3 +54,24 @@ def test_a_start_up_error_ends_every_rank_with_its_line_and_no_crash(launcher, r
         assert len(errors) == 2 and all(text in line for line in errors), job.explain()
         for crash in ("Segmentation fault", "MPI_FINALIZE", "<stderr>:Traceback"):
             assert crash not in output, job.explain()
+
+
+def test_a_bad_image_is_named_or_skipped_and_counted(tmp_path):
+    """A truncated JPEG and an empty file among the training images: the run stops with an
+    error naming one of them, or with --skip-bad-samples replaces and counts them."""
+    folder = tmp_path / "images"
+    write_image_folder(str(folder), classes=2, train_per_class=10, val_per_class=2)
+    truncated, empty = sorted((folder / "train" / "class00").iterdir())[3:5]
+    truncated.write_bytes(truncated.read_bytes()[:200])
+    empty.write_bytes(b"")
+    args = ["--dataset", "imagefolder", "--data-dir", str(folder), "--image-size", "16",
+            "--model", "cnn", "--global-batch", "20", "--epochs", "2"]
+    out = run_cli(["train", *args, "--no-progress"])
+    expect_user_error(out, "cannot read image")
+    assert any(str(f) in out.stderr for f in (truncated, empty)), out.stderr
+    _, records = train_one_process([*args, "--skip-bad-samples", "--loader-workers", "1"],
+                                   tmp_path)
+    # Both files are in each of the two epochs' 20 samples, replaced each time.
+    assert records[-1]["skipped_samples"] == 4
+    log = run_cli(["train", *args, "--skip-bad-samples", "--no-progress"]).stderr
+    assert log.count("warning: skipping a bad sample") == 2, log

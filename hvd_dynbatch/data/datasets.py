@@ -13,6 +13,7 @@
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence, Tuple
@@ -43,14 +44,22 @@ class TensorSplit:
         idx = torch.as_tensor(np.asarray(indices, dtype=np.int64))
         return self.x[idx], self.y[idx]
 
+    def take_skipped(self) -> int:
+        """Samples in memory are always readable: none is ever replaced."""
+        return 0
+
 
 class ImageFolderSplit:
     """Image files in one folder per class, decoded on demand with Pillow.
 
-    `augment`: a random crop and flip per image (training); else a centre crop.
+    `augment`: a random crop and flip per image (training); else a centre crop. A file that
+    cannot be decoded raises `DynBatchError` naming it; with `skip_bad`, it is replaced in its
+    batch by the next readable sample of the split instead (the batch keeps its size, so the
+    step keeps its weight), with one warning per file, and `take_skipped()` counts it.
     """
 
-    def __init__(self, root: Path, image_size: int, augment: bool = False):
+    def __init__(self, root: Path, image_size: int, augment: bool = False,
+                 skip_bad: bool = False):
         classes = sorted(d.name for d in root.iterdir() if d.is_dir())
         self.files, labels = [], []
         for label, name in enumerate(classes):
@@ -61,6 +70,7 @@ class ImageFolderSplit:
         if not self.files:
             raise DynBatchError(f"no images under {root} (expected {root}/CLASS/*.jpg)")
         self.classes, self.image_size, self.augment = classes, image_size, augment
+        self.skip_bad, self._bad, self._skipped = skip_bad, set(), 0
         self.y = torch.as_tensor(labels, dtype=torch.long)
         self._mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
         self._std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
@@ -69,6 +79,13 @@ class ImageFolderSplit:
         return len(self.files)
 
     def _load(self, path: Path) -> torch.Tensor:
+        try:
+            return self._decode(path)
+        except Exception as exc:  # Pillow raises several kinds for a broken file
+            raise DynBatchError(f"cannot read image {path}: {exc}; replace or remove it, or "
+                                f"pass --skip-bad-samples") from None
+
+    def _decode(self, path: Path) -> torch.Tensor:
         from PIL import Image
 
         size = self.image_size
@@ -89,9 +106,34 @@ class ImageFolderSplit:
         return (pixels.permute(2, 0, 1) - self._mean) / self._std
 
     def fetch(self, indices: Sequence[int]) -> Tuple[torch.Tensor, torch.Tensor]:
-        x = torch.stack([self._load(self.files[i]) for i in indices]) if len(indices) else \
+        used = [self._readable(int(i)) for i in indices]
+        x = torch.stack([image for image, _ in used]) if used else \
             torch.empty(0, 3, self.image_size, self.image_size)
-        return x, self.y[torch.as_tensor(np.asarray(indices, dtype=np.int64))]
+        return x, self.y[torch.as_tensor([i for _, i in used], dtype=torch.int64)]
+
+    def _readable(self, index: int) -> Tuple[torch.Tensor, int]:
+        """Sample `index` decoded, or under `skip_bad` the next readable one (and its index)."""
+        for tried in range(len(self.files)):
+            i = (index + tried) % len(self.files)
+            if i in self._bad:
+                continue
+            try:
+                image = self._load(self.files[i])
+            except DynBatchError as exc:
+                if not self.skip_bad:
+                    raise
+                self._bad.add(i)
+                print(f"hvd-dynbatch: warning: skipping a bad sample: {exc}", file=sys.stderr,
+                      flush=True)
+                continue
+            self._skipped += i != index
+            return image, i
+        raise DynBatchError(f"no image of {len(self.files)} can be read")
+
+    def take_skipped(self) -> int:
+        """Samples replaced since the last call (in this process)."""
+        skipped, self._skipped = self._skipped, 0
+        return skipped
 
 
 def write_image_folder(root, classes: int = 10, train_per_class: int = 40,
@@ -133,14 +175,15 @@ class Dataset:
 
 
 def load_dataset(name: str, data_dir: Optional[str] = None, seed: int = 0,
-                 image_size: int = 64) -> Dataset:
-    """Load dataset `name`; raise `DynBatchError` for an unknown name or a missing folder."""
+                 image_size: int = 64, skip_bad: bool = False) -> Dataset:
+    """Load dataset `name`; raise `DynBatchError` for an unknown name or a missing folder.
+    `skip_bad`: replace training images that cannot be read (see `ImageFolderSplit`)."""
     if name == "digits":
         return _digits()
     if name == "synthetic":
         return _synthetic(seed)
     if name == "imagefolder":
-        return _imagefolder(data_dir, image_size)
+        return _imagefolder(data_dir, image_size, skip_bad)
     raise DynBatchError(f"unknown dataset '{name}'; choose one of {', '.join(DATASETS)}")
 
 
@@ -169,7 +212,7 @@ def _synthetic(seed: int, train_size: int = 4096, test_size: int = 1024,
                    TensorSplit(x[train_size:], y[train_size:]), shape, classes)
 
 
-def _imagefolder(data_dir: Optional[str], image_size: int) -> Dataset:
+def _imagefolder(data_dir: Optional[str], image_size: int, skip_bad: bool) -> Dataset:
     if not data_dir:
         raise DynBatchError("dataset 'imagefolder' needs --data-dir")
     root = Path(data_dir)
@@ -177,8 +220,8 @@ def _imagefolder(data_dir: Optional[str], image_size: int) -> Dataset:
         if not (root / part).is_dir():
             raise DynBatchError(f"data directory {root} has no '{part}' folder "
                                 f"(expected {root}/train/CLASS/* and {root}/val/CLASS/*)")
-    train = ImageFolderSplit(root / "train", image_size, augment=True)
-    test = ImageFolderSplit(root / "val", image_size)
+    train = ImageFolderSplit(root / "train", image_size, augment=True, skip_bad=skip_bad)
+    test = ImageFolderSplit(root / "val", image_size, skip_bad=skip_bad)
     if test.classes != train.classes:
         raise DynBatchError(f"{root}/train and {root}/val have different class folders")
     return Dataset(train, test, (3, image_size, image_size), len(train.classes))

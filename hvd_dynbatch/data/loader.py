@@ -31,8 +31,10 @@ class _StepChunks:
 
 
 class SplitDataset(Dataset):
-    """A split (anything with `fetch(indices)` and `len`) as a map-style dataset that hands
-    whole batches to the DataLoader's workers (with `collate_fn=as_is`)."""
+    """A split (anything with `fetch(indices)`, `take_skipped()` and `len`) as a map-style
+    dataset that hands whole batches to the DataLoader's workers (with `collate_fn=as_is`):
+    (inputs, labels, the number of unreadable samples replaced in them). The count travels
+    with the batch because a worker's split is its own copy."""
 
     def __init__(self, split):
         self.split = split
@@ -41,7 +43,8 @@ class SplitDataset(Dataset):
         return len(self.split)
 
     def __getitems__(self, indices):
-        return self.split.fetch(indices)
+        x, y = self.split.fetch(indices)
+        return x, y, self.split.take_skipped()
 
 
 def as_is(batch):
@@ -56,6 +59,7 @@ class BatchLoader:
         if workers < 0:
             raise ValueError(f"the number of loader workers must not be negative, got {workers}")
         self.split, self.workers = split, workers
+        self.skipped = 0              # unreadable samples replaced in the batches fetched
         self._chunks = _StepChunks()
         self._loader = None
         if workers:
@@ -66,8 +70,10 @@ class BatchLoader:
     def fetch(self, indices: Sequence[int]) -> Tuple[torch.Tensor, torch.Tensor]:
         """The inputs and labels of samples `indices`, in that order."""
         if self._loader is None or len(indices) < 2:
-            return self.split.fetch(indices)
-        chunks = np.array_split(np.asarray(indices), min(self.workers, len(indices)))
-        self._chunks.chunks = [c.tolist() for c in chunks]
-        parts = list(self._loader)
-        return torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])
+            parts = [SplitDataset(self.split).__getitems__(indices)]
+        else:
+            chunks = np.array_split(np.asarray(indices), min(self.workers, len(indices)))
+            self._chunks.chunks = [c.tolist() for c in chunks]
+            parts = list(self._loader)
+        self.skipped += sum(skipped for _, _, skipped in parts)
+        return torch.cat([x for x, _, _ in parts]), torch.cat([y for _, y, _ in parts])

@@ -136,6 +136,9 @@ def _configured(*decls, **kwargs):
 @_configured("--on-nan", type=click.Choice([o.value for o in OnNan]),
              help="A step whose gradient is not finite is never applied: stop the run with "
                   "an error, or skip the step and go on.")
+@_configured("--skip-bad-samples", is_flag=True,
+             help="Replace an image that cannot be decoded by the next readable one (counted "
+                  "in the summary) instead of stopping with an error naming it.")
 @_configured("--checkpoint-dir", type=click.Path(file_okay=False),
              help="Rank 0 writes checkpoints here (model, optimizer, the run's state).")
 @_configured("--checkpoint-every", help="Steps between checkpoints (one is also written at "

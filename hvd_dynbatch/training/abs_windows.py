@@ -55,6 +55,11 @@ class ABSWindows:
         self._records = []
 
     @property
+    def skipped_samples(self) -> int:
+        """Unreadable samples replaced in this rank's micro-batches."""
+        return self.loader.skipped
+
+    @property
     def epoch(self) -> int:
         """The job's epoch, counted in target batches so that it is the same on every rank
         (each rank passes over its own shard at its own pace)."""

@@ -58,6 +58,9 @@ class TrainConfig:
     `on_nan` says whether the run then stops (on every rank, with an error) or goes on (the
     summary counts such steps).
 
+    An image that cannot be decoded stops the run with an error naming it; with
+    `skip_bad_samples` the next readable sample takes its place, and the summary counts it.
+
     With `checkpoint_dir`, rank 0 writes a checkpoint there every `checkpoint_every` steps
     and at the end, keeping the newest `checkpoint_keep`; with `resume`, the run continues
     from the newest one (or starts fresh if there is none), counting its steps and epochs
@@ -109,6 +112,7 @@ class TrainConfig:
     micro_batch: int = 8
     window_gain: float = WindowRule.gain
     on_nan: OnNan = OnNan.STOP
+    skip_bad_samples: bool = False
     checkpoint_dir: Optional[str] = None
     checkpoint_every: int = 100
     checkpoint_keep: int = 3

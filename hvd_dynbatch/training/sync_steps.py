@@ -38,6 +38,7 @@ class SynchronousSteps:
             torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum),
             model, self.batching)
         self._batches = None
+        self.skipped_samples = 0      # unreadable samples replaced in this rank's batches
 
     # -- what the loop reads ------------------------------------------------------------------
 
@@ -107,7 +108,8 @@ class SynchronousSteps:
 
         Collective: the allreduce, and every `adjust_every` steps the exchange.
         """
-        x, y = self._next_batch()
+        x, y, skipped = self._next_batch()
+        self.skipped_samples += skipped
         plan = self.batching.plan
         step = self.batching.step
         sample_log.write(generation, step, plan, self.batching.rank)

@@ -51,7 +51,9 @@ def train(config: TrainConfig, backend: Optional[Backend] = None) -> dict:
     backend = backend or HorovodBackend()
     torch.set_num_threads(config.threads)
     comm = backend.communicator()
-    with _every_rank_starts(comm):
+    # Elastic workers start at different times (a joiner while the others train), so only a
+    # fixed world agrees on its start; Horovod Elastic handles a worker that fails.
+    with contextlib.nullcontext() if config.elastic else _every_rank_starts(comm):
         trainer = Trainer(config, backend)
         committed = trainer.restore() if config.resume else None
         if not config.elastic:
@@ -164,7 +166,8 @@ class Trainer:
         self.cfg, self.backend = config, backend
         self.comm = backend.communicator()
         self.slowdown = Slowdown.parse(config.slowdown) if config.slowdown else None
-        self.data = load_dataset(config.dataset, config.data_dir, config.seed, config.image_size)
+        self.data = load_dataset(config.dataset, config.data_dir, config.seed, config.image_size,
+                                 config.skip_bad_samples)
         torch.manual_seed(config.seed)
         self.model = build_model(config.model, self.data.input_shape, self.data.num_classes)
         self.steps = _strategy(config)(config, self.data, self.model, backend,
@@ -182,6 +185,7 @@ class Trainer:
         self.samples_log = SampleLog(config.sample_log)
         self.emulator = Emulator(None, 0)
         self.checksums = np.zeros(1)
+        self.skipped_samples = 0      # unreadable samples replaced, over all ranks (at the end)
         self.checkpoints = (CheckpointDir(config.checkpoint_dir, config.checkpoint_keep,
                                           writer=self.comm.rank == 0)
                             if config.checkpoint_dir else None)
@@ -330,7 +334,9 @@ class Trainer:
                 self._check_finite(steps.step - 1, self.schedule.lr(steps.step))
             if drained or self.run.last_eval_step != steps.step:
                 self._evaluate()
-            self.checksums = self.comm.allgather([self._weights_checksum()])[:, 0]
+            gathered = self.comm.allgather([self._weights_checksum(), steps.skipped_samples
+                                            + self.data.test.take_skipped()])
+            self.checksums, self.skipped_samples = gathered[:, 0], int(gathered[:, 1].sum())
         finally:
             if progress is not None:
                 progress.close()
@@ -436,6 +442,7 @@ class Trainer:
             "time_to_target": run.time_to_target,
             "skipped_steps": run.skipped_steps,
             "checkpoint_seconds": run.checkpoint_seconds,
+            "skipped_samples": self.skipped_samples,
             "final_split": steps.final_split(),
             "weights_checksums": [int(c) for c in self.checksums],
             "weights_identical": bool(np.all(self.checksums == self.checksums[0])),
