@@ -178,6 +178,12 @@ def test_a_killed_worker_is_survived_from_the_last_commit(tmp_path, running):
     assert all(exact.values()) and len(exact) >= 10
     # Only steps after the last commit are redone (none, if the kill came right after it).
     assert all(resumed <= step < resumed + 10 for step in redone), (resumed, redone)
+    # A step the metrics hold twice (written before the kill, redone after) is marked by a
+    # later generation the second time.
+    generations = {}
+    for r in (r for r in records if "batch_sizes" in r):
+        assert r["generation"] > generations.get(r["step"], 0), r
+        generations[r["step"]] = r["generation"]
     summary = check_summary(records)
     assert summary["world_size"] == 2
 

@@ -93,7 +93,7 @@ def test_n_ranks_end_with_the_weights_of_one(reference, tmp_path, launcher, np, 
 def test_metrics_records_and_summary(reference):
     weights, records = reference
     steps = step_records(records)
-    for key in ("step", "epoch", "time", "world_size", "global_batch", "batch_sizes",
+    for key in ("step", "generation", "epoch", "time", "world_size", "global_batch", "batch_sizes",
                 "compute_times", "step_time", "lr", "loss"):
         assert key in steps[0], key
     summary = records[-1]

@@ -305,7 +305,8 @@ class Trainer:
                 epoch_before = steps.epoch
                 info = steps.train_step(self.schedule.lr(step), self.emulator,
                                         self.samples_log, self.run.generation)
-                self._info[step] = {"step": step, "time": steps.clock, **info,
+                self._info[step] = {"step": step, "generation": self.run.generation,
+                                    "time": steps.clock, **info,
                                     **self._check_finite(step, info["lr"])}
                 last = steps.step == total
                 if self._write(steps.exchange() if last else steps.take_records()) and \
