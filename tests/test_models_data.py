@@ -65,6 +65,18 @@ def test_imagefolder_without_a_val_folder_is_a_clear_error(tmp_path):
         load_dataset("imagefolder", str(tmp_path))
 
 
+def test_imagefolder_class_mismatch_names_the_folders_and_one_class_is_refused(tmp_path):
+    write_image_folder(str(tmp_path / "two"), classes=3, train_per_class=1, val_per_class=1)
+    for name in ("class01", "class02"):
+        (tmp_path / "two" / "val" / name).rename(tmp_path / "two" / "val" / f"x{name}")
+    with pytest.raises(DynBatchError, match="only in train: class01, class02; only in val: "
+                                            "xclass01, xclass02"):
+        load_dataset("imagefolder", str(tmp_path / "two"))
+    write_image_folder(str(tmp_path / "one"), classes=1, train_per_class=1, val_per_class=1)
+    with pytest.raises(DynBatchError, match="has 1 class folder; a classifier needs at least 2"):
+        load_dataset("imagefolder", str(tmp_path / "one"))
+
+
 def train_on_image_folder(tmp_path, folder: dict, options: list) -> tuple:
     """Write a generated ImageFolder, train one rank on it for 2 epochs of batch 4, and
     return the run's summary and its saved weights."""
@@ -94,6 +106,6 @@ def test_batch_norm_models_need_two_samples():
 def test_a_batch_norm_model_never_trains_on_one_sample(tmp_path):
     """13 images in batches of 4 leave one for the epoch's last step: skipped, not a crash."""
     summary, _ = train_on_image_folder(
-        tmp_path, dict(classes=1, train_per_class=13, val_per_class=2, size=(16, 16)),
+        tmp_path, dict(classes=13, train_per_class=1, val_per_class=1, size=(16, 16)),
         ["--image-size", "8", "--model", "resnet18"])
     assert summary["steps"] == 6 and summary["samples"] == 24

@@ -156,6 +156,7 @@ def test_target_accuracy_stops_the_run_and_records_its_time(tmp_path):
     (["--slowdown", "1,2"], "lists 2 factors but the job has 1 ranks"),
     (["--elastic", "--batch-schedule", "10:32"], "--batch-schedule is for non-elastic runs"),
     (["--batch-schedule", "10:32,5:16"], "--batch-schedule needs increasing positive steps"),
+    (["--batch-schedule", "1:1", "--min-batch", "2"], "global batch 1 is smaller than world"),
     (["--lr-decay-steps", "5,3"], "--lr-decay-steps must be increasing"),
     (["--initial-split", "30,34"], "--initial-split 30,34 must have 1 sizes"),
     (["--initial-split", "60"], "--initial-split 60 must have 1 sizes"),

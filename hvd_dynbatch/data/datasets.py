@@ -223,5 +223,12 @@ def _imagefolder(data_dir: Optional[str], image_size: int, skip_bad: bool) -> Da
     train = ImageFolderSplit(root / "train", image_size, augment=True, skip_bad=skip_bad)
     test = ImageFolderSplit(root / "val", image_size, skip_bad=skip_bad)
     if test.classes != train.classes:
-        raise DynBatchError(f"{root}/train and {root}/val have different class folders")
+        only = [f"only in {part}: {', '.join(sorted(set(a) - set(b)))}"
+                for part, a, b in (("train", train.classes, test.classes),
+                                   ("val", test.classes, train.classes)) if set(a) - set(b)]
+        raise DynBatchError(f"{root}/train and {root}/val have different class folders "
+                            f"({'; '.join(only)})")
+    if len(train.classes) < 2:
+        raise DynBatchError(f"{root}/train has {len(train.classes)} class folder; a classifier "
+                            f"needs at least 2 (one folder per class)")
     return Dataset(train, test, (3, image_size, image_size), len(train.classes))
