@@ -171,3 +171,9 @@ def test_bad_input_is_one_clear_line(args, text):
 def test_demo_with_a_slowdown_for_another_rank_count_is_one_clear_line():
     expect_user_error(run_cli(["demo", "--np", "3", "--slowdown", "1,4"]),
                       "lists 2 factors but the job has 3 ranks")
+
+
+def test_elastic_outside_elastic_mode_says_so():
+    out = run_cli(["train", "--elastic", "--max-steps", "2", "--no-progress"])
+    assert out.returncode == 0, out.stderr
+    assert "not started in horovodrun's elastic mode" in out.stderr

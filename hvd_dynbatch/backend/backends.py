@@ -10,6 +10,8 @@ loop runs in a unit test. The exchange of the toolkit's own few numbers per rank
 from __future__ import annotations
 
 import abc
+import os
+import sys
 
 from .comm import Communicator, LocalCommunicator
 
@@ -104,6 +106,12 @@ class HorovodBackend(Backend):
         of `model`, `optimizer` and the plain-values dict `progress`) is committed by
         `state.commit()` and restored on failures; `on_reset()` runs on every reset, before
         the state sync (so it must not communicate)."""
+        if os.environ.get("HOROVOD_ELASTIC") != "1" and self._hvd.rank() == 0:
+            # horovodrun sets it in elastic mode (--host-discovery-script, --min-np).
+            print("hvd-dynbatch: warning: --elastic, but this job was not started in "
+                  "horovodrun's elastic mode (--host-discovery-script, --min-np/--max-np): "
+                  "it cannot grow or shrink, and a lost worker ends it", file=sys.stderr,
+                  flush=True)
         state = self._hvd.elastic.TorchState(model=model, optimizer=optimizer,
                                              progress=progress)
         state.register_reset_callbacks([on_reset])
