@@ -216,10 +216,6 @@ class Trainer:
         if self.slowdown is not None:
             self.slowdown.check_world(comm.size, elastic=cfg.elastic)
         batch = cfg.global_batch_for(comm.size, self.run.start_world, step)
-        for _, scheduled in cfg.batch_schedule:
-            # A scheduled batch the world cannot split fails now, not when its step comes.
-            BatchController(cfg.controller_config(scheduled, least_batch(self.model))
-                            ).initial_split(comm.size)
         if fresh:
             first = cfg.first_split(comm.size, BatchController(
                 cfg.controller_config(batch, least_batch(self.model))))
