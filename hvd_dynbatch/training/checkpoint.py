@@ -6,8 +6,8 @@ names sort by step), holding the model, the optimizer (its momentum), the traine
 learning-rate schedule with any ramp in progress, the clocks), the random number generators
 and a fingerprint of the settings a resumed run must share with the one that wrote it.
 
-It is written to a temporary file in the same directory and renamed over the final name, so
-a reader never sees half a checkpoint; a writer killed mid-write leaves only the temporary
+It is written to a temporary file in the same directory and renamed over the final name
+(`files.replaced_atomically`), so a reader never sees half a checkpoint; a writer killed mid-write leaves only the temporary
 file, which the next `CheckpointDir` removes. The newest `keep` checkpoints are kept.
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ..errors import DynBatchError
+from .files import replaced_atomically
 
 # The settings a checkpoint cannot be resumed under a different value of: the weights' shape
 # (model, dataset, image size), the sample order (seed, dataset) and the meaning of a step
@@ -73,13 +74,9 @@ class CheckpointDir:
         tmp = self.directory / f"{_TEMPORARY}{step}-{os.getpid()}"
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as f:
+            with replaced_atomically(path, tmp) as f:
                 torch.save(state, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
             raise DynBatchError(f"cannot write checkpoint {path}: {exc.strerror}") from None
         for old in self.checkpoints()[:-self.keep]:
             old.unlink(missing_ok=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import DynBatchError
+from .files import replaced_atomically
 
 
 def _plain(value):
@@ -110,6 +111,5 @@ def truncate_metrics(path: str, step: int) -> None:
         return
     kept = [r for r in records if r.get("type") != "summary" and
             (r["step"] < step if "batch_sizes" in r else r.get("step", 0) <= step)]
-    tmp = Path(f"{path}.tmp.{os.getpid()}")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
-    os.replace(tmp, path)
+    with replaced_atomically(path) as f:
+        f.write("".join(json.dumps(r) + "\n" for r in kept).encode("utf-8"))

@@ -37,6 +37,7 @@ from ..data.datasets import load_dataset
 from ..errors import DynBatchError
 from .checkpoint import CheckpointDir, check_fingerprint, fingerprint, rng_state, set_rng_state
 from .config import Batching, OnNan, TrainConfig
+from .files import replaced_atomically
 from .metrics import MetricsWriter, SampleLog, truncate_metrics
 from .models import build_model, least_batch
 
@@ -499,13 +500,10 @@ def _check_writable(path: str, option: str) -> None:
 
 
 def _save_atomically(state_dict: dict, path: str) -> None:
-    """Write to a temporary file beside `path`, then rename: no half-written model."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
+    """Write the model whole or not at all (see `files.replaced_atomically`)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     try:
-        torch.save(state_dict, tmp)
-        os.replace(tmp, path)
+        with replaced_atomically(path) as f:
+            torch.save(state_dict, f)
     except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
         raise DynBatchError(f"cannot write --save-model {path}: {exc.strerror}") from None
