@@ -3,6 +3,7 @@ launcher and number of ranks."""
 import os
 import signal
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -123,17 +124,30 @@ def reference(tmp_path_factory):
     return train_one_process(COMMON, tmp_path_factory.mktemp("one"), "one")
 
 
+DISCOVER = str(Path(__file__).resolve().parent.parent / "hostfiles" / "discover_hosts.sh")
+
+
 class Job:
     """A 2-rank Gloo job of COMMON with checkpoints, its ranks emulated slow (about 0.1 s a
-    step) so that a test can stop it mid-run."""
+    step) so that a test can stop it mid-run; with `elastic`, a Horovod elastic job of one
+    host, `localhost:2`."""
 
-    def __init__(self, tmp_path, every: int):
+    def __init__(self, tmp_path, every: int, elastic: bool = False,
+                 launcher: Launcher = Launcher.GLOO, slowdown: str = "40,120", env=None):
         self.ckpt, self.metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
         self.model, self.log = tmp_path / "m.pt", tmp_path / "first.log"
         self.files = ["--checkpoint-dir", str(self.ckpt), "--checkpoint-every", str(every),
                       "--metrics", str(self.metrics), "--save-model", str(self.model)]
-        self.proc = start_local(Launcher.GLOO, 2, [*CLI, "train", *COMMON, *self.files,
-                                                   "--slowdown", "40,120"], log=str(self.log))
+        self.launch = {"env": env or {}}
+        if elastic:
+            hosts = tmp_path / "hosts.txt"
+            hosts.write_text("localhost:2\n")
+            self.files.append("--elastic")
+            self.launch = dict(elastic_discovery=DISCOVER, min_np=1, max_np=2,
+                               env={"HVD_DYNBATCH_HOSTS_FILE": str(hosts)})
+        self.proc = start_local(launcher, 2, [*CLI, "train", *COMMON, *self.files,
+                                              "--slowdown", slowdown], log=str(self.log),
+                                **self.launch)
 
     def wait_until(self, condition, what: str, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
@@ -146,11 +160,40 @@ class Job:
         return len(step_records(read_metrics(str(self.metrics)))) if self.metrics.exists() \
             else 0
 
-    def resume(self, launcher, np, slowdown, reference):
+    def stopped_at(self, reasons) -> int:
+        """The job's end after a stop: non-zero, one message per rank (`reasons`, sorted),
+        every rank at the same step, the one checkpoint there; that step."""
+        result = wait_local(self.proc, 120)
+        log = self.log.read_text()
+        assert result.returncode != 0 and not result.timed_out, log
+        stops = [line.split("hvd-dynbatch: error: ", 1)[1] for line in log.splitlines()
+                 if "hvd-dynbatch: error: stopped by" in line]
+        assert sorted(s.split(" at step")[0] for s in stops) == reasons, log
+        steps = {int(s.split(" at step ")[1].split()[0]) for s in stops}
+        assert len(steps) == 1, stops
+        step = steps.pop()
+        assert [p.name for p in CheckpointDir(str(self.ckpt)).checkpoints()] == \
+            [f"checkpoint-{step:09d}.pt"]
+        assert self.steps_written() == step < 40
+        return step
+
+    def kill_after_checkpoint(self, step: int) -> None:
+        """kill -9 of the whole job (launcher and ranks) once a checkpoint of `step` or later
+        is on disk, before the run's end."""
+        try:
+            self.wait_until(lambda: any(int(p.stem.split("-")[1]) >= step
+                                        for p in self.ckpt.glob("checkpoint-*.pt")),
+                            f"checkpoint at step {step}")
+        finally:
+            kill_tree(self.proc.pid)
+            wait_local(self.proc, 30)
+        assert self.steps_written() < 40, "the job ended before it was killed"
+
+    def resume(self, launcher, np, slowdown, reference, **launch):
         """Resume with --resume on `np` ranks; check the weights and metrics against the
         uninterrupted one-process run."""
         resumed = run_ranks(launcher, np, [*CLI, "train", *COMMON, *self.files, "--resume",
-                                           "--slowdown", slowdown], timeout=240)
+                                           "--slowdown", slowdown], timeout=240, **launch)
         assert resumed.returncode == 0, resumed.explain()
         assert "resuming from" in resumed.job.stderr
         steps = step_records(read_metrics(str(self.metrics)))
@@ -168,16 +211,18 @@ def test_a_killed_job_resumes_on_another_launcher_and_world_with_the_same_weight
     with --resume on 3 ranks under mpirun, it ends with the weights of one uninterrupted
     process, every step in the metrics once."""
     job = Job(tmp_path, every=4)
-    try:
-        job.wait_until(lambda: any(int(p.stem.split("-")[1]) >= 8
-                                   for p in job.ckpt.glob("checkpoint-*.pt")),
-                       "checkpoint at step 8")
-    finally:
-        kill_tree(job.proc.pid)
-        wait_local(job.proc, 30)
-    assert job.steps_written() < 40, "the job ended before it was killed"
+    job.kill_after_checkpoint(8)
     steps = job.resume(Launcher.MPIRUN, 3, "1,2,1", reference)
     assert {len(r["batch_sizes"]) for r in steps} == {2, 3}
+
+
+def test_a_killed_elastic_job_resumes_from_its_checkpoints(tmp_path, reference):
+    """Elastic commits live in the workers' memory; with --checkpoint-dir they reach the
+    disk too: an elastic job killed whole (launcher and every worker) resumes as a new
+    elastic job with --resume and ends with the uninterrupted weights."""
+    job = Job(tmp_path, every=4, elastic=True)
+    job.kill_after_checkpoint(8)
+    job.resume(Launcher.GLOO, 2, "1,1", reference, **job.launch)
 
 
 def test_sigterm_to_one_rank_stops_every_rank_at_one_step_with_a_checkpoint(
@@ -192,15 +237,20 @@ def test_sigterm_to_one_rank_stops_every_rank_at_one_step_with_a_checkpoint(
              " ".join(f"{k}={v}" for k, v in p.environ().items())]
     assert len(ranks) == 1, ranks
     ranks[0].send_signal(signal.SIGTERM)
-    result = wait_local(job.proc, 120)
-    log = job.log.read_text()
-    assert result.returncode != 0 and not result.timed_out, log
-    stops = [line.split("hvd-dynbatch: error: ", 1)[1] for line in log.splitlines()
-             if "hvd-dynbatch: error: stopped by" in line]
-    assert sorted(s.split(" at step")[0] for s in stops) == [
-        "stopped by SIGTERM to this rank", "stopped by a signal to another rank"], log
-    step = int(stops[0].split(" at step ")[1].split()[0])
-    assert [p.name for p in CheckpointDir(str(job.ckpt)).checkpoints()] == \
-        [f"checkpoint-{step:09d}.pt"]
-    assert job.steps_written() == step < 40
+    job.stopped_at(["stopped by SIGTERM to this rank", "stopped by a signal to another rank"])
     job.resume(Launcher.GLOO, 2, "1,1", reference)
+
+
+@pytest.mark.parametrize("launcher, env", [
+    (Launcher.GLOO, {}),
+    # mpirun answers SIGTERM with SIGCONT, then SIGTERM to the ranks after this many
+    # seconds, then SIGKILL after as many again (Open MPI 4.1; the default is 1 s).
+    (Launcher.MPIRUN, {"OMPI_MCA_odls_base_sigkill_timeout": "3"})])
+def test_sigterm_to_the_launcher_stops_the_ranks_with_a_checkpoint(tmp_path, launcher, env):
+    """The README's way to stop a job cleanly with a signal to the launcher: horovodrun
+    --gloo passes SIGTERM on; mpirun does after odls_base_sigkill_timeout seconds, which
+    must leave the ranks time to reach a step boundary and write the checkpoint."""
+    job = Job(tmp_path, every=100, launcher=launcher, slowdown="300,300", env=env)
+    job.wait_until(lambda: job.steps_written() >= 4, "4 steps")
+    job.proc.send_signal(signal.SIGTERM)
+    job.stopped_at(["stopped by SIGTERM to this rank"] * 2)
