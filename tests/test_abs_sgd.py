@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hvd_dynbatch.core.abs_sgd import WindowRule
+from hvd_dynbatch.core.abs_sgd import WindowRule, last_micro_batch
 from hvd_dynbatch.data.datasets import load_dataset
 from hvd_dynbatch.errors import DynBatchError
 from hvd_dynbatch.tools.launch import Launcher
@@ -18,24 +18,42 @@ from launcher import CLI, run_ranks, train_one_process
 
 
 class TestWindowRule:
-    def test_window_grows_when_a_window_yields_too_few_samples(self):
-        rule = WindowRule(target_batch=128, gain=0.5)
-        assert rule.next_window(0.010, 64, 0.001) == pytest.approx(0.015)
-        assert rule.next_window(0.010, 256, 0.001) == pytest.approx(0.0075)
-        assert rule.next_window(0.010, 128, 0.001) == pytest.approx(0.010)
+    def test_the_window_yields_the_target_batch_at_the_measured_rates(self):
+        rule = WindowRule(target_batch=128)
+        # Ranks at 4000 and 1000 samples/s: 5000 samples/s in all, 128 samples in 25.6 ms.
+        assert rule.next_window([40, 10], [0.01, 0.01], 0.001) == pytest.approx(0.0256)
 
-    def test_window_is_never_shorter_than_the_reduction(self):
-        assert WindowRule(128).next_window(0.010, 1280, 0.009) == pytest.approx(0.009)
+    def test_noise_is_smoothed_and_a_real_change_is_followed_at_once(self):
+        rule = WindowRule(target_batch=100, gain=0.5)
+        rule.next_window([100], [1.0], 0.0)                   # 100 samples/s
+        assert rule.next_window([110], [1.0], 0.0) == pytest.approx(100 / 105)
+        # Half the speed (a node slowed down): beyond the jump threshold, taken whole.
+        assert rule.next_window([50], [1.0], 0.0) == pytest.approx(2.0)
 
-    def test_one_adjustment_is_bounded(self):
-        rule = WindowRule(1000, gain=1.0, max_factor=2.0)
-        assert rule.next_window(0.01, 1, 0.0) == pytest.approx(0.02)
+    def test_the_window_is_never_shorter_than_the_reduction(self):
+        assert WindowRule(128).next_window([1280], [0.01], 0.009) == pytest.approx(0.009)
+
+    def test_no_reading_keeps_the_estimate(self):
+        rule = WindowRule(64)
+        assert rule.next_window([0], [0.0], 0.002) == 0.002
+        rule.next_window([64], [0.5], 0.0)
+        assert rule.next_window([0, 0], [0.0, 0.0], 0.0) == pytest.approx(0.5)
 
     def test_bad_settings_are_rejected(self):
         with pytest.raises(DynBatchError):
             WindowRule(0)
         with pytest.raises(DynBatchError):
             WindowRule(64, gain=0)
+
+
+@pytest.mark.parametrize("remaining, expected", [
+    (0.100, 16),    # a full micro-batch fits
+    (0.0052, 5),    # 5.2 samples' time left: 5
+    (0.0004, 0),    # less than half a sample: close the window
+    (0.0011, 2),    # one sample fits, but batch norm needs two
+    (-0.001, 0)])
+def test_the_last_micro_batch_ends_the_window_nearest_to_its_length(remaining, expected):
+    assert last_micro_batch(remaining, 0.001, 16, least=2) == expected
 
 
 SEED, LR, MOMENTUM, STEPS = 4, 0.05, 0.9, 12
@@ -57,7 +75,9 @@ def replay(sample_dir: Path):
     torch.manual_seed(SEED)
     model = build_model("linear", data.input_shape, data.num_classes)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    replay_delayed_sgd(model, opt, data.train, [windows[k] for k in sorted(windows)])
+    # The default staleness compensation, weight prediction.
+    replay_delayed_sgd(model, opt, data.train, [windows[k] for k in sorted(windows)],
+                       "predict")
     return model.state_dict(), windows
 
 

@@ -73,16 +73,23 @@ def test_synchronous_loop_is_plain_sgd_over_the_planned_steps(tmp_path):
     assert summary["final_accuracy"] == pytest.approx(top1_top5(weights, "mlp", data)[0])
 
 
-def test_abs_loop_applies_the_last_window_before_the_final_evaluation(tmp_path):
-    """ABS-SGD's update k applies window k-1's mean gradient; the last window is applied at
-    the end, before the last step's evaluation, which is therefore of the saved weights."""
+@pytest.mark.parametrize("staleness, momentum", [
+    ("none", MOMENTUM), ("predict", MOMENTUM), ("momentum", 2 * MOMENTUM - 1),
+    ("dc", MOMENTUM)])
+def test_abs_loop_applies_the_last_window_before_the_final_evaluation(
+        tmp_path, staleness, momentum):
+    """ABS-SGD's update k applies window k-1's mean gradient, compensated for its staleness
+    as the rule says (replayed here in plain PyTorch); the last window is applied at the
+    end, before the last step's evaluation, which is therefore of the saved weights."""
     summary, records, weights, samples = run(
-        tmp_path, batching="abs", global_batch=64, micro_batch=8, max_steps=6, eval_every=3)
+        tmp_path, batching="abs", global_batch=64, micro_batch=8, max_steps=6, eval_every=3,
+        staleness=staleness)
     assert [r["step"] for r in step_records(records)] == list(range(6)) == sorted(samples)
     assert [r["step"] for r in records if r.get("type") == "eval"] == [3, 6]
     data, model = fresh_model()
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    replay_delayed_sgd(model, opt, data.train, [samples[step] for step in range(6)])
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=momentum)
+    replay_delayed_sgd(model, opt, data.train, [samples[step] for step in range(6)],
+                       staleness)
     assert_same_weights(weights, model.state_dict())
     assert summary["final_accuracy"] == pytest.approx(top1_top5(weights, "mlp", data)[0])
 
@@ -106,8 +113,13 @@ def test_abs_state_carries_the_pending_update_to_a_new_trainer():
     second.model.load_state_dict(copy.deepcopy(first.model.state_dict()))
     second.optimizer.load_state_dict(copy.deepcopy(first.optimizer.state_dict()))
     second.steps.load_state_dict(copy.deepcopy(state))
-    saved = {k: v for k, v in state.items() if k != "reduced"}
-    assert {k: v for k, v in second.steps.state_dict().items() if k != "reduced"} == saved
+    tensors = ("reduced", "staleness")
+    saved = {k: v for k, v in state.items() if k not in tensors}
+    restored = second.steps.state_dict()
+    assert {k: v for k, v in restored.items() if k not in tensors} == saved
+    # The staleness rule's state (weight prediction's last gradient) came along.
+    assert all(torch.equal(a, b) for a, b in zip(restored["staleness"]["last"],
+                                                 state["staleness"]["last"], strict=True))
     # Both apply the same pending gradient: the same weights after.
     assert first.steps.drain(LR) and second.steps.drain(LR)
     assert_same_weights(second.model.state_dict(), first.model.state_dict())

@@ -16,7 +16,7 @@ from ..core.controller import Rule
 from ..core.lr import RULES
 from ..core.simulator import SETTLED, RateDistribution, Scenario
 from ..errors import DynBatchError
-from ..training.config import Batching, BatchPolicy, OnNan, TrainConfig
+from ..training.config import Batching, BatchPolicy, OnNan, Staleness, TrainConfig
 
 _TRAIN_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
 _SCENARIO = Scenario(1)  # the simulator's defaults
@@ -130,7 +130,11 @@ def _configured(*decls, **kwargs):
                   "the learning-rate rule applies as to an elastic change.")
 @_configured("--micro-batch", help="ABS-SGD: samples per micro-batch within a compute window.")
 @_configured("--window-gain",
-             help="ABS-SGD: fraction of the way to the target batch the window moves per step.")
+             help="ABS-SGD: weight of the newest window's measured rate in the rate estimate "
+                  "the window is set from (1: the last window's alone).")
+@_configured("--staleness", type=click.Choice([r.value for r in Staleness]),
+             help="ABS-SGD: how the one-window-stale gradient is compensated: weight "
+                  "prediction, momentum correction, delay compensation (DC-ASGD), or none.")
 @_configured("--sample-log", type=click.Path(),
              help="Directory where each process logs the sample indices of every step.")
 @_configured("--on-nan", type=click.Choice([o.value for o in OnNan]),

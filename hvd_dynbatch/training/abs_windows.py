@@ -15,11 +15,13 @@ import torch
 import torch.nn.functional as F
 
 from ..backend.backends import Backend
+from ..core.abs_sgd import last_micro_batch
 from ..core.sampler import ShardStream, StepPlan
 from ..data.loader import BatchLoader
 from ..errors import DynBatchError
 from .batching import StepExchange
 from .config import TrainConfig
+from .staleness import RULES as STALENESS
 
 
 class ABSWindows:
@@ -30,13 +32,17 @@ class ABSWindows:
             raise DynBatchError(f"model {cfg.model} has batch norm, which cannot train on "
                                 f"{cfg.micro_batch} sample; use --micro-batch 2 or more")
         self.cfg, self.model, self.backend = cfg, model, backend
+        self.least = least_batch
         self.comm = backend.communicator()
         self.rule = cfg.window_rule()
         self.dataset_size = len(data.train)
         self.loader = BatchLoader(data.train, cfg.loader_workers)
         self.stream = ShardStream(self.dataset_size, self.comm.rank, self.comm.size, cfg.seed)
         # The reduction is done here, once per window; no per-backward allreduce.
-        self.optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+        rule = STALENESS[cfg.staleness]
+        self.optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr,
+                                         momentum=rule.momentum(cfg.momentum))
+        self.staleness = rule(self.optimizer)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.step = 0
         self.clock = 0.0              # training seconds: this rank's windows and exchanges
@@ -44,6 +50,7 @@ class ABSWindows:
         self.samples = 0
         self.last_sizes = []          # every rank's samples in the last exchanged window
         self.window = math.nan        # seconds; NaN: the first window counts samples instead
+        self.per_sample = 0.0         # this rank's seconds per sample in its last window
         self.updates = 0
         self.handle = None            # the allreduce in flight, and when it started
         self.reduced = None           # its result, until the next update applies it
@@ -103,8 +110,16 @@ class ABSWindows:
         first_quota = math.ceil(cfg.global_batch / self.comm.size)
         count, loss_sum, used = 0, 0.0, []
         self.model.train()
+        self.staleness.begin_window(lr)
         while True:
-            indices = self.stream.take(cfg.micro_batch)
+            if math.isnan(self.window):
+                size = cfg.micro_batch if count < first_quota else 0
+            else:
+                size = last_micro_batch(self.window - (time.perf_counter() - started),
+                                        self.per_sample, cfg.micro_batch, self.least)
+            if size == 0 and count > 0:
+                break
+            indices = self.stream.take(size or max(self.least, 1))
             x, y = self.loader.fetch(indices)
             began = time.perf_counter()
             loss = F.cross_entropy(self.model(x), y, reduction="sum")
@@ -116,17 +131,22 @@ class ABSWindows:
             count, loss_sum = count + len(indices), loss_sum + loss.item()
             used.append(indices)
             self._note_reduction_done()
-            elapsed = time.perf_counter() - started
-            if (count >= first_quota if math.isnan(self.window) else elapsed >= self.window):
-                break
+            self.per_sample = (time.perf_counter() - started) / count
+        self.staleness.end_window()
         compute = time.perf_counter() - started
         sample_log.write(generation, self.step, StepPlan(
             self.stream.epoch, self.stream.position, (count,), np.concatenate(used)),
             self.comm.rank)
-        flat = torch.cat([p.grad.reshape(-1) for p in self.params] + [torch.tensor(
-            [count, loss_sum, compute, self.reduce_seconds], dtype=self.params[0].dtype)])
+        # Appended to the gradient sum: the loss sum, the reduction time, and this rank's
+        # count and the window it aimed at (the first window: its length) in its own slots,
+        # so every rank learns every rank's rate.
+        aimed = compute if math.isnan(self.window) else self.window
+        tail = torch.zeros(2 + 2 * self.comm.size, dtype=self.params[0].dtype)
+        tail[0], tail[1] = loss_sum, self.reduce_seconds
+        tail[2 + self.comm.rank], tail[2 + self.comm.size + self.comm.rank] = count, aimed
+        flat = torch.cat([p.grad.reshape(-1) for p in self.params] + [tail])
         if math.isnan(self.window):
-            self.window = compute
+            self.window = compute   # window 1's, until reduction 0 sets window 2
         self._apply_pending(lr)
         self.handle = (self.backend.allreduce_sum_async(flat, "abs_sgd.window"),
                        time.perf_counter(), None)
@@ -166,22 +186,24 @@ class ABSWindows:
         if self.reduced is None:
             return False
         reduced, self.reduced = self.reduced, None
-        count, _, compute_sum, reduce_sum = reduced[-4:].tolist()
-        mean = reduced[:-4] / count
+        size = self.comm.size
+        tail = reduced[-(2 + 2 * size):].tolist()
+        reduce_sum, counts, windows = tail[1], tail[2:2 + size], tail[2 + size:]
+        mean = reduced[:-(2 + 2 * size)] / sum(counts)
         # The reduced sum is the same on every rank: a non-finite one is skipped everywhere.
         self.finite = bool(torch.isfinite(mean).all())
         if self.finite:
-            offset = 0
+            grads, offset = [], 0
             for p in self.params:
-                p.grad = mean[offset:offset + p.numel()].view_as(p).clone()
+                grads.append(mean[offset:offset + p.numel()].view_as(p))
                 offset += p.numel()
+            for p, g in zip(self.params, self.staleness.correct(grads)):
+                p.grad = g.clone()
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             self.optimizer.step()
-        # The first window counted samples; its mean length over the ranks seeds the rule,
-        # so that from here on every rank computes the same window from reduced values.
-        window = compute_sum / self.comm.size if self.updates == 0 else self.window
-        self.window = self.rule.next_window(window, count, reduce_sum / self.comm.size)
+            self.staleness.applied()
+        self.window = self.rule.next_window(counts, windows, reduce_sum / size)
         self.updates += 1
         return True
 
@@ -219,8 +241,8 @@ class ABSWindows:
 
     # -- state --------------------------------------------------------------------------------
 
-    _SCALARS = ("step", "clock", "exchange_seconds", "samples", "window", "updates",
-                "reduce_seconds")
+    _SCALARS = ("step", "clock", "exchange_seconds", "samples", "window", "per_sample",
+                "updates", "reduce_seconds")
 
     def state_dict(self) -> dict:
         """The windows' position and clocks, every rank's stream position, the window rule's
@@ -236,7 +258,8 @@ class ABSWindows:
                 "last_sizes": list(self.last_sizes),
                 "recent_reductions": list(self.recent_reductions),
                 "streams": [{"epoch": int(e), "position": int(p)} for e, p in streams],
-                "world_size": self.comm.size,
+                "world_size": self.comm.size, "rule": self.rule.state_dict(),
+                "staleness": self.staleness.state_dict(),
                 "reduced": None if self.reduced is None else self.reduced.clone()}
 
     def load_state_dict(self, state: dict, global_batch=None) -> None:
@@ -255,5 +278,7 @@ class ABSWindows:
         self.recent_reductions.clear()
         self.recent_reductions.extend(state["recent_reductions"])
         self.stream.load_state_dict(state["streams"][self.comm.rank])
+        self.rule.load_state_dict(state["rule"])
+        self.staleness.load_state_dict(state["staleness"])
         self.handle, self.reduced = None, state["reduced"]
         self.forget_uncommitted()

@@ -41,6 +41,15 @@ class BatchPolicy(str, enum.Enum):
     SCALE = "scale"  # B = b0 * N, b0 the per-worker batch of the starting world
 
 
+class Staleness(str, enum.Enum):
+    """ABS-SGD's compensation of its one-window-stale gradient (see `staleness`)."""
+
+    NONE = "none"
+    PREDICT = "predict"      # weight prediction
+    MOMENTUM = "momentum"    # momentum correction
+    DC = "dc"                # delay compensation (DC-ASGD)
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything one training run needs; checked on construction.
@@ -111,6 +120,7 @@ class TrainConfig:
     batch_schedule: Sequence[Tuple[int, int]] = ()
     micro_batch: int = 8
     window_gain: float = WindowRule.gain
+    staleness: Staleness = Staleness.PREDICT
     on_nan: OnNan = OnNan.STOP
     skip_bad_samples: bool = False
     checkpoint_dir: Optional[str] = None
@@ -123,6 +133,7 @@ class TrainConfig:
         object.__setattr__(self, "controller", Rule(self.controller))
         object.__setattr__(self, "batch_policy", BatchPolicy(self.batch_policy))
         object.__setattr__(self, "on_nan", OnNan(self.on_nan))
+        object.__setattr__(self, "staleness", Staleness(self.staleness))
         object.__setattr__(self, "lr_decay_steps", tuple(self.lr_decay_steps or ()))
         object.__setattr__(self, "batch_schedule",
                            tuple((int(s), int(b)) for s, b in self.batch_schedule or ()))
