@@ -133,3 +133,4 @@ def test_abs_state_from_another_world_size_is_refused():
         trainer.steps.load_state_dict({**state, "world_size": 2})
     with pytest.raises(DynBatchError, match="cannot go on with 64"):
         trainer.steps.load_state_dict(state, global_batch=64)
+
