@@ -107,36 +107,12 @@ class ABSWindows:
         Collective: the allreduce, and every `adjust_every` windows the exchange.
         """
         cfg, started = self.cfg, time.perf_counter()
-        first_quota = math.ceil(cfg.global_batch / self.comm.size)
-        count, loss_sum, used = 0, 0.0, []
-        self.model.train()
         self.staleness.begin_window(lr)
-        while True:
-            if math.isnan(self.window):
-                size = cfg.micro_batch if count < first_quota else 0
-            else:
-                size = last_micro_batch(self.window - (time.perf_counter() - started),
-                                        self.per_sample, cfg.micro_batch, self.least)
-            if size == 0 and count > 0:
-                break
-            indices = self.stream.take(size or max(self.least, 1))
-            x, y = self.loader.fetch(indices)
-            began = time.perf_counter()
-            loss = F.cross_entropy(self.model(x), y, reduction="sum")
-            forward = time.perf_counter() - began
-            emulator.after_forward(self.step, forward)
-            began = time.perf_counter()
-            loss.backward()
-            emulator.after_backward(forward, time.perf_counter() - began)
-            count, loss_sum = count + len(indices), loss_sum + loss.item()
-            used.append(indices)
-            self._note_reduction_done()
-            self.per_sample = (time.perf_counter() - started) / count
+        count, loss_sum, used = self._compute_window(emulator, started)
         self.staleness.end_window()
         compute = time.perf_counter() - started
         sample_log.write(generation, self.step, StepPlan(
-            self.stream.epoch, self.stream.position, (count,), np.concatenate(used)),
-            self.comm.rank)
+            self.stream.epoch, self.stream.position, (count,), used), self.comm.rank)
         # Appended to the gradient sum: the loss sum, the reduction time, and this rank's
         # count and the window it aimed at (the first window: its length) in its own slots,
         # so every rank learns every rank's rate.
@@ -159,6 +135,37 @@ class ABSWindows:
         if self.step % cfg.adjust_every == 0:
             self._gather()
         return {"step_time": step_seconds, "lr": lr, "window": self.window}
+
+    def _compute_window(self, emulator, started: float) -> tuple:
+        """Micro-batches until the window (from `started`) is full: the first window until
+        this rank's share of the target batch, later ones until the window's length, the
+        last micro-batch cut to what fits. Gradient sums accumulate in the parameters'
+        `.grad`. Returns the sample count, the loss sum and the samples' indices."""
+        cfg = self.cfg
+        first_quota = math.ceil(cfg.global_batch / self.comm.size)
+        count, loss_sum, used = 0, 0.0, []
+        self.model.train()
+        while True:
+            if math.isnan(self.window):
+                size = cfg.micro_batch if count < first_quota else 0
+            else:
+                size = last_micro_batch(self.window - (time.perf_counter() - started),
+                                        self.per_sample, cfg.micro_batch, self.least)
+            if size == 0 and count > 0:
+                return count, loss_sum, np.concatenate(used)
+            indices = self.stream.take(size or max(self.least, 1))
+            x, y = self.loader.fetch(indices)
+            began = time.perf_counter()
+            loss = F.cross_entropy(self.model(x), y, reduction="sum")
+            forward = time.perf_counter() - began
+            emulator.after_forward(self.step, forward)
+            began = time.perf_counter()
+            loss.backward()
+            emulator.after_backward(forward, time.perf_counter() - began)
+            count, loss_sum = count + len(indices), loss_sum + loss.item()
+            used.append(indices)
+            self._note_reduction_done()
+            self.per_sample = (time.perf_counter() - started) / count
 
     def _note_reduction_done(self) -> None:
         """Record when the reduction in flight finished, if it has (polled between
