@@ -132,21 +132,20 @@ class Job:
     step) so that a test can stop it mid-run; with `elastic`, a Horovod elastic job of one
     host, `localhost:2`."""
 
-    def __init__(self, tmp_path, every: int, elastic: bool = False,
-                 launcher: Launcher = Launcher.GLOO, slowdown: str = "40,120", env=None):
+    def __init__(self, tmp_path, every: int, elastic: bool = False, slowdown: str = "40,120"):
         self.ckpt, self.metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
         self.model, self.log = tmp_path / "m.pt", tmp_path / "first.log"
         self.files = ["--checkpoint-dir", str(self.ckpt), "--checkpoint-every", str(every),
                       "--metrics", str(self.metrics), "--save-model", str(self.model)]
-        self.launch = {"env": env or {}}
+        self.launch = {}
         if elastic:
             hosts = tmp_path / "hosts.txt"
             hosts.write_text("localhost:2\n")
             self.files.append("--elastic")
             self.launch = dict(elastic_discovery=DISCOVER, min_np=1, max_np=2,
                                env={"HVD_DYNBATCH_HOSTS_FILE": str(hosts)})
-        self.proc = start_local(launcher, 2, [*CLI, "train", *COMMON, *self.files,
-                                              "--slowdown", slowdown], log=str(self.log),
+        self.proc = start_local(Launcher.GLOO, 2, [*CLI, "train", *COMMON, *self.files,
+                                                   "--slowdown", slowdown], log=str(self.log),
                                 **self.launch)
 
     def wait_until(self, condition, what: str, timeout: float = 120) -> None:
@@ -241,16 +240,13 @@ def test_sigterm_to_one_rank_stops_every_rank_at_one_step_with_a_checkpoint(
     job.resume(Launcher.GLOO, 2, "1,1", reference)
 
 
-@pytest.mark.parametrize("launcher, env", [
-    (Launcher.GLOO, {}),
-    # mpirun answers SIGTERM with SIGCONT, then SIGTERM to the ranks after this many
-    # seconds, then SIGKILL after as many again (Open MPI 4.1; the default is 1 s).
-    (Launcher.MPIRUN, {"OMPI_MCA_odls_base_sigkill_timeout": "3"})])
-def test_sigterm_to_the_launcher_stops_the_ranks_with_a_checkpoint(tmp_path, launcher, env):
-    """The README's way to stop a job cleanly with a signal to the launcher: horovodrun
-    --gloo passes SIGTERM on; mpirun does after odls_base_sigkill_timeout seconds, which
-    must leave the ranks time to reach a step boundary and write the checkpoint."""
-    job = Job(tmp_path, every=100, launcher=launcher, slowdown="300,300", env=env)
+def test_sigterm_to_horovodrun_gloo_stops_the_ranks_with_a_checkpoint(tmp_path):
+    """The README's way to stop a Gloo job cleanly: SIGTERM to horovodrun, which passes it
+    on to every rank. (mpirun passes SIGTERM on only after odls_base_sigkill_timeout
+    seconds; with 3 s that stopped the ranks with a checkpoint in two runs, but in a third,
+    under the full suite's load, they wrote no step after the signal and were killed
+    without one, so the README advises signalling the ranks under mpirun.)"""
+    job = Job(tmp_path, every=100, slowdown="300,300")
     job.wait_until(lambda: job.steps_written() >= 4, "4 steps")
     job.proc.send_signal(signal.SIGTERM)
     job.stopped_at(["stopped by SIGTERM to this rank"] * 2)
