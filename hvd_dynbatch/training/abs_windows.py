@@ -51,7 +51,6 @@ class ABSWindows:
         self.last_sizes = []          # every rank's samples in the last exchanged window
         self.window = math.nan        # seconds; NaN: the first window counts samples instead
         self.per_sample = 0.0         # this rank's seconds per sample in its last window
-        self.updates = 0
         self.handle = None            # the allreduce in flight, and when it started
         self.reduced = None           # its result, until the next update applies it
         self.finite = True            # whether the last update's gradient was finite
@@ -211,7 +210,6 @@ class ABSWindows:
             self.optimizer.step()
             self.staleness.applied()
         self.window = self.rule.next_window(counts, windows, reduce_sum / size)
-        self.updates += 1
         return True
 
     def _gather(self) -> list:
@@ -249,7 +247,7 @@ class ABSWindows:
     # -- state --------------------------------------------------------------------------------
 
     _SCALARS = ("step", "clock", "exchange_seconds", "samples", "window", "per_sample",
-                "updates", "reduce_seconds")
+                "reduce_seconds")
 
     def state_dict(self) -> dict:
         """The windows' position and clocks, every rank's stream position, the window rule's
