@@ -65,12 +65,13 @@ ARGS = ["train", "--batching", "abs", "--model", "linear", "--dataset", "digits"
 
 def replay(sample_dir: Path):
     """The training in one process: window k's samples, from the ranks' logs, give the mean
-    gradient at the weights of the time; it is applied one window later; the last is flushed."""
-    windows = collections.defaultdict(list)
+    gradient, each rank's part at the weights it predicted; it is applied one window later;
+    the last is flushed. Returns the weights and each window's samples per rank."""
+    windows = collections.defaultdict(lambda: [[], []])
     for f in sample_dir.iterdir():
         for line in f.read_text().splitlines():
             rec = json.loads(line)
-            windows[rec["step"]].extend(rec["indices"])
+            windows[rec["step"]][rec["rank"]] = rec["indices"]
     data = load_dataset("digits")
     torch.manual_seed(SEED)
     model = build_model("linear", data.input_shape, data.num_classes)
@@ -97,9 +98,10 @@ def test_each_update_is_the_sample_weighted_mean_of_the_previous_window(tmp_path
     assert summary["weights_identical"], "ranks ended with different weights"
     assert len(summary["weights_checksums"]) == 2
     steps = [r for r in records if "batch_sizes" in r]
-    assert [r["global_batch"] for r in steps] == [len(windows[k]) for k in range(STEPS)]
+    assert [r["batch_sizes"] for r in steps] == [list(map(len, windows[k]))
+                                                 for k in range(STEPS)]
     # Throughput counts every rank's samples, not rank 0's.
-    assert summary["samples"] == sum(len(w) for w in windows.values())
+    assert summary["samples"] == sum(len(i) for w in windows.values() for i in w)
     # Rank 1 emulates a worker 3 times slower: it gets through fewer micro-batches.
     later = steps[2:]
     assert sum(r["batch_sizes"][0] for r in later) > 1.5 * sum(r["batch_sizes"][1]

@@ -88,27 +88,27 @@ def test_abs_loop_applies_the_last_window_before_the_final_evaluation(
     assert [r["step"] for r in records if r.get("type") == "eval"] == [3, 6]
     data, model = fresh_model()
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=momentum)
-    replay_delayed_sgd(model, opt, data.train, [samples[step] for step in range(6)],
+    replay_delayed_sgd(model, opt, data.train, [[samples[step]] for step in range(6)],
                        staleness)
     assert_same_weights(weights, model.state_dict())
     assert summary["final_accuracy"] == pytest.approx(top1_top5(weights, "mlp", data)[0])
 
 
-def abs_trainer(world_size: int = 1) -> Trainer:
+def abs_trainer(staleness: str = "predict") -> Trainer:
     backend = LocalBackend()
     trainer = Trainer(TrainConfig(model="mlp", batching="abs", global_batch=32, micro_batch=8,
-                                  seed=SEED, progress=False), backend)
+                                  seed=SEED, progress=False, staleness=staleness), backend)
     trainer.join_world(backend.communicator())
     return trainer
 
 
 def test_abs_state_carries_the_pending_update_to_a_new_trainer():
-    first = abs_trainer()
+    first = abs_trainer("dc")
     for _ in range(3):
         first.steps.train_step(LR, first.emulator, first.samples_log, 1)
     state = first.steps.state_dict()
     assert state["reduced"] is not None and state["step"] == 3
-    second = abs_trainer()
+    second = abs_trainer("dc")
     # Deep copies, as from a file: torch's load_state_dict would share the momentum buffers.
     second.model.load_state_dict(copy.deepcopy(first.model.state_dict()))
     second.optimizer.load_state_dict(copy.deepcopy(first.optimizer.state_dict()))
@@ -117,9 +117,10 @@ def test_abs_state_carries_the_pending_update_to_a_new_trainer():
     saved = {k: v for k, v in state.items() if k not in tensors}
     restored = second.steps.state_dict()
     assert {k: v for k, v in restored.items() if k not in tensors} == saved
-    # The staleness rule's state (weight prediction's last gradient) came along.
-    assert all(torch.equal(a, b) for a, b in zip(restored["staleness"]["last"],
-                                                 state["staleness"]["last"], strict=True))
+    # The staleness rule's state (delay compensation's last change of the weights) came
+    # along.
+    assert all(torch.equal(a, b) for a, b in zip(restored["staleness"]["change"],
+                                                 state["staleness"]["change"], strict=True))
     # Both apply the same pending gradient: the same weights after.
     assert first.steps.drain(LR) and second.steps.drain(LR)
     assert_same_weights(second.model.state_dict(), first.model.state_dict())

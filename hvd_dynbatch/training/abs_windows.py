@@ -108,7 +108,7 @@ class ABSWindows:
         cfg, started = self.cfg, time.perf_counter()
         self.staleness.begin_window(lr)
         count, loss_sum, used = self._compute_window(emulator, started)
-        self.staleness.end_window()
+        self.staleness.end_window(count)
         compute = time.perf_counter() - started
         sample_log.write(generation, self.step, StepPlan(
             self.stream.epoch, self.stream.position, (count,), used), self.comm.rank)

@@ -11,11 +11,16 @@ identical on every rank:
   et al. 2018, "Efficient and Robust Parallel DNN Training through Model Parallelism on
   Multi-GPU Platform"): the update that comes at the end of window k+1 is
   w_{k+1} = w_k - lr (mu v_k + g_k); its momentum part is known when the window starts, and
-  g_k, still in flight, is estimated by g_{k-1}, the last gradient applied. So window k+1's
-  gradients are taken at w_k - lr (mu v_k + g_{k-1}), and the exact weights are put back
-  before the update. On a quadratic of curvature h, heavy-ball momentum 0.9 is stable for
-  lr h < 3.8 when synchronous, < 0.10 one step stale, < 0.25 with the momentum part
-  predicted alone, and < 0.50 with this prediction (the spectral radius of the recurrence).
+  g_k, still in flight, is estimated by this rank's own share of it, the mean gradient of
+  the samples it computed in window k (our choice: Chen et al. extrapolate with the
+  smoothed past gradients instead). So window k+1's gradients are taken at
+  w_k - lr (mu v_k + g_k^rank), and the exact weights are put back before the update. Where
+  the share equals g_k (one rank, or a gradient without sampling noise) this is synchronous
+  SGD exactly. On a quadratic of curvature h, heavy-ball momentum 0.9 is then stable for
+  lr h < 3.8 as synchronous SGD is, where one step stale it is stable for lr h < 0.10 only
+  (< 0.25 with the momentum part predicted alone, < 0.50 with g_k estimated by g_{k-1}).
+  Each rank predicts from its own share, so the ranks compute at slightly different
+  weights; they all apply the same reduced gradient, so their weights stay identical.
 - `momentum` (Mitliagkas et al. 2016, "Asynchrony begets momentum"): staleness acts as an
   implicit momentum, about 1 - 1/(tau + 1) = 0.5 for a delay of tau = 1 window, so the
   explicit momentum is lowered to keep the total: (1 - mu') (1 - 0.5) = 1 - mu, i.e.
@@ -40,7 +45,8 @@ class Staleness:
     """A rule for ABS-SGD's stale gradient. The base applies it as it is.
 
     The windows call, in order: `momentum` once, to set up the optimizer; then per window
-    `begin_window` before its first micro-batch, `end_window` after its last, and
+    `begin_window` before its first micro-batch, `end_window` after its last (the
+    parameters' `.grad` then holding the window's gradient sum on this rank), and
     `correct` on the stale reduced gradient just before the optimizer applies it, and
     `applied` after.
     """
@@ -59,8 +65,9 @@ class Staleness:
     def begin_window(self, lr: float) -> None:
         """Before a window's first micro-batch; `lr` is the rate of the update pending."""
 
-    def end_window(self) -> None:
-        """After the window's last micro-batch, before the pending update."""
+    def end_window(self, count: int) -> None:
+        """After the window's last micro-batch, before the pending update; `count` samples
+        make up the gradient sum in the parameters' `.grad`."""
 
     def correct(self, grads: list) -> list:
         """The gradients to apply (one per parameter) in place of the stale `grads`."""
@@ -79,42 +86,44 @@ class Staleness:
 
 class WeightPrediction(Staleness):
     """`predict`: compute a window at the weights the pending update is expected to lead
-    to, its momentum part known and its gradient estimated by the last one applied; the
-    exact weights are put back before the update."""
+    to, its momentum part known and its gradient estimated by this rank's share of it; the
+    exact weights are put back before the update.
+
+    The share is this rank's own, so it is not part of the saved state: the first window
+    after a resume is predicted from the momentum part alone."""
 
     name = Rule.PREDICT
 
     def __init__(self, optimizer):
         super().__init__(optimizer)
         self._saved = None
-        self._last = None    # the gradient of the last update applied
+        self._share = None   # this rank's mean gradient of the window in flight
 
     def begin_window(self, lr: float) -> None:
+        share, self._share = self._share, None
         momentum = self.optimizer.param_groups[0]["momentum"]
         buffers = [self.optimizer.state.get(p, {}).get("momentum_buffer") for p in self.params]
-        if self._last is None or any(b is None for b in buffers):
+        if share is None and any(b is None for b in buffers):
             return
         with torch.no_grad():
             self._saved = [p.detach().clone() for p in self.params]
-            for p, buffer, last in zip(self.params, buffers, self._last):
-                p.sub_(lr * (momentum * buffer + last))
+            for i, (p, buffer) in enumerate(zip(self.params, buffers)):
+                # torch's first step sets the buffer to the gradient: no momentum part yet.
+                update = torch.zeros_like(p) if buffer is None else momentum * buffer
+                if share is not None:
+                    update += share[i]
+                p.sub_(lr * update)
 
-    def end_window(self) -> None:
+    def end_window(self, count: int) -> None:
+        share = [p.grad.detach() / count for p in self.params]
+        # A non-finite share would make the next window's gradient non-finite too.
+        self._share = share if all(bool(torch.isfinite(g).all()) for g in share) else None
         if self._saved is None:
             return
         with torch.no_grad():
             for p, saved in zip(self.params, self._saved):
                 p.copy_(saved)
         self._saved = None
-
-    def applied(self) -> None:
-        self._last = [p.grad.detach().clone() for p in self.params]
-
-    def state_dict(self) -> dict:
-        return {"last": self._last}
-
-    def load_state_dict(self, state: dict) -> None:
-        self._last = state["last"]
 
 
 class MomentumCorrection(Staleness):
