@@ -4,6 +4,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -18,26 +19,42 @@ from launcher import CLI, run_ranks, train_one_process
 
 
 class TestWindowRule:
-    def test_the_window_yields_the_target_batch_at_the_measured_rates(self):
+    def test_quotas_share_the_target_batch_by_the_measured_rates(self):
         rule = WindowRule(target_batch=128)
-        # Ranks at 4000 and 1000 samples/s: 5000 samples/s in all, 128 samples in 25.6 ms.
-        assert rule.next_window([40, 10], [0.01, 0.01], 0.001) == pytest.approx(0.0256)
+        # Ranks at 4000 and 1000 samples/s: 5000 samples/s in all, 128 samples in 25.6 ms,
+        # 102.4 and 25.6 of them; the larger remainder takes the odd sample.
+        window = rule.next_window([40, 10], [0.01, 0.01], 0.001)
+        assert window.quotas == (102, 26)
+        assert window.seconds == pytest.approx(0.0256)
+        assert window.cap == pytest.approx(1.5 * 0.0256)
+
+    @pytest.mark.parametrize("seed", range(5))
+    def test_the_quotas_add_up_to_the_target_batch(self, seed):
+        rng = np.random.default_rng(seed)
+        counts = rng.integers(1, 300, size=4)
+        window = WindowRule(256).next_window(counts, rng.uniform(0.01, 0.2, size=4), 0.0)
+        assert sum(window.quotas) == 256 and min(window.quotas) >= 1
 
     def test_noise_is_smoothed_and_a_real_change_is_followed_at_once(self):
         rule = WindowRule(target_batch=100, gain=0.5)
         rule.next_window([100], [1.0], 0.0)                   # 100 samples/s
-        assert rule.next_window([110], [1.0], 0.0) == pytest.approx(100 / 105)
-        # Half the speed (a node slowed down): beyond the jump threshold, taken whole.
-        assert rule.next_window([50], [1.0], 0.0) == pytest.approx(2.0)
+        assert rule.next_window([110], [1.0], 0.0).seconds == pytest.approx(100 / 105)
+        # 40% of the speed (a node slowed down): beyond the jump threshold, taken whole.
+        assert rule.next_window([42], [1.0], 0.0).seconds == pytest.approx(100 / 42)
 
     def test_the_window_is_never_shorter_than_the_reduction(self):
-        assert WindowRule(128).next_window([1280], [0.01], 0.009) == pytest.approx(0.009)
+        window = WindowRule(128).next_window([1280], [0.01], 0.009)
+        assert window.seconds == pytest.approx(0.009) and window.quotas == (1152,)
 
-    def test_no_reading_keeps_the_estimate(self):
-        rule = WindowRule(64)
-        assert rule.next_window([0], [0.0], 0.002) == 0.002
-        rule.next_window([64], [0.5], 0.0)
-        assert rule.next_window([0, 0], [0.0, 0.0], 0.0) == pytest.approx(0.5)
+    def test_until_every_rate_is_known_the_ranks_share_equally_without_a_cap(self):
+        rule = WindowRule(65)
+        window = rule.next_window([0, 0], [0.0, 0.0], 0.002)
+        assert window.quotas == (33, 33) and math.isnan(window.seconds)
+        window = rule.next_window([40, 0], [0.01, 0.0], 0.0)
+        assert window.quotas == (33, 33) and window.cap == math.inf
+        rule.next_window([0, 10], [0.0, 0.01], 0.0)
+        # No reading from rank 1 this time: its estimate stands.
+        assert rule.next_window([40, 0], [0.01, 0.0], 0.0).quotas == (52, 13)
 
     def test_bad_settings_are_rejected(self):
         with pytest.raises(DynBatchError):
@@ -106,7 +123,10 @@ def test_each_update_is_the_sample_weighted_mean_of_the_previous_window(tmp_path
     later = steps[2:]
     assert sum(r["batch_sizes"][0] for r in later) > 1.5 * sum(r["batch_sizes"][1]
                                                                for r in later)
-    assert all(math.isfinite(r["window"]) and r["window"] > 0 for r in steps)
+    # Windows are planned once both ranks' rates are known: from window 2 (reduction 0 comes
+    # with window 1's update).
+    assert [r["window"] for r in steps[:2]] == [None, None]
+    assert all(r["window"] > 0 for r in steps[2:])
 
 
 def test_epochs_count_target_batches_and_max_steps_sets_the_length(tmp_path):

@@ -132,7 +132,8 @@ class Job:
     step) so that a test can stop it mid-run; with `elastic`, a Horovod elastic job of one
     host, `localhost:2`."""
 
-    def __init__(self, tmp_path, every: int, elastic: bool = False, slowdown: str = "40,120"):
+    def __init__(self, tmp_path, every: int, elastic: bool = False, slowdown: str = "40,120",
+                 options=()):
         self.ckpt, self.metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
         self.model, self.log = tmp_path / "m.pt", tmp_path / "first.log"
         self.files = ["--checkpoint-dir", str(self.ckpt), "--checkpoint-every", str(every),
@@ -145,8 +146,8 @@ class Job:
             self.launch = dict(elastic_discovery=DISCOVER, min_np=1, max_np=2,
                                env={"HVD_DYNBATCH_HOSTS_FILE": str(hosts)})
         self.proc = start_local(Launcher.GLOO, 2, [*CLI, "train", *COMMON, *self.files,
-                                                   "--slowdown", slowdown], log=str(self.log),
-                                **self.launch)
+                                                   "--slowdown", slowdown, *options],
+                                log=str(self.log), **self.launch)
 
     def wait_until(self, condition, what: str, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
@@ -224,6 +225,15 @@ def test_a_killed_elastic_job_resumes_from_its_checkpoints(tmp_path, reference):
     job.resume(Launcher.GLOO, 2, "1,1", reference, **job.launch)
 
 
+def rank_process(job: Job, rank: int) -> psutil.Process:
+    """The process of `rank` in `job`."""
+    ranks = [p for p in psutil.Process(job.proc.pid).children(recursive=True)
+             if "hvd_dynbatch" in " ".join(p.cmdline()) and f"HOROVOD_RANK={rank}" in
+             " ".join(f"{k}={v}" for k, v in p.environ().items())]
+    assert len(ranks) == 1, ranks
+    return ranks[0]
+
+
 def test_sigterm_to_one_rank_stops_every_rank_at_one_step_with_a_checkpoint(
         tmp_path, reference):
     """SIGTERM (Slurm's notice) to rank 1 alone: both ranks stop at the same step, within
@@ -231,13 +241,19 @@ def test_sigterm_to_one_rank_stops_every_rank_at_one_step_with_a_checkpoint(
     with the uninterrupted weights."""
     job = Job(tmp_path, every=100)
     job.wait_until(lambda: job.steps_written() >= 6, "6 steps")
-    ranks = [p for p in psutil.Process(job.proc.pid).children(recursive=True)
-             if "hvd_dynbatch" in " ".join(p.cmdline()) and "HOROVOD_RANK=1" in
-             " ".join(f"{k}={v}" for k, v in p.environ().items())]
-    assert len(ranks) == 1, ranks
-    ranks[0].send_signal(signal.SIGTERM)
+    rank_process(job, 1).send_signal(signal.SIGTERM)
     job.stopped_at(["stopped by SIGTERM to this rank", "stopped by a signal to another rank"])
     job.resume(Launcher.GLOO, 2, "1,1", reference)
+
+
+def test_sigterm_to_one_abs_rank_stops_every_rank_at_one_window(tmp_path):
+    """Under ABS-SGD the request rides in the gradient reduction: both ranks stop at the same
+    window, with a checkpoint there."""
+    job = Job(tmp_path, every=100, options=["--batching", "abs", "--micro-batch", "8",
+                                            "--eval-every", "2"])
+    job.wait_until(lambda: job.steps_written() >= 4, "4 windows")
+    rank_process(job, 1).send_signal(signal.SIGTERM)
+    job.stopped_at(["stopped by SIGTERM to this rank", "stopped by a signal to another rank"])
 
 
 def test_sigterm_to_horovodrun_gloo_stops_the_ranks_with_a_checkpoint(tmp_path):

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..backend.backends import Backend
-from ..core.abs_sgd import last_micro_batch
+from ..core.abs_sgd import Window, last_micro_batch
 from ..core.sampler import ShardStream, StepPlan
 from ..data.loader import BatchLoader
 from ..errors import DynBatchError
@@ -23,9 +23,17 @@ from .batching import StepExchange
 from .config import TrainConfig
 from .staleness import RULES as STALENESS
 
+_TAIL = 3   # the reduced vector's values after the gradient sum, before the per-rank slots
+
 
 class ABSWindows:
     """Delayed synchronous SGD with adaptive batch size on this rank of a job."""
+
+    # Windows between all-gathers of the windows' records (metrics, progress). Each is a
+    # barrier where a rank ahead by part of a window waits, which the windows otherwise
+    # absorb; with no controller to feed they are rare, and stop requests ride in the
+    # reductions instead.
+    records_every = 25
 
     def __init__(self, cfg: TrainConfig, data, model, backend: Backend, least_batch: int):
         if cfg.micro_batch < least_batch:
@@ -49,7 +57,7 @@ class ABSWindows:
         self.exchange_seconds = 0.0
         self.samples = 0
         self.last_sizes = []          # every rank's samples in the last exchanged window
-        self.window = math.nan        # seconds; NaN: the first window counts samples instead
+        self.plan = self.rule.first_window(self.comm.size)   # the next window's
         self.per_sample = 0.0         # this rank's seconds per sample in its last window
         self.handle = None            # the allreduce in flight, and when it started
         self.reduced = None           # its result, until the next update applies it
@@ -58,6 +66,7 @@ class ABSWindows:
         self.reduce_seconds = 0.0     # this rank's estimate of what a reduction costs
         self.recent_reductions = collections.deque(maxlen=10)
         self._exchange = StepExchange()
+        self._stop_here = self._stop_known = False
         self._records = []
 
     @property
@@ -81,19 +90,21 @@ class ABSWindows:
 
     @property
     def split(self) -> tuple:
-        """No planned split: each rank's samples per window are measured, not set."""
-        return ()
+        """The next window's quotas (empty until every rank's rate is known)."""
+        return () if math.isnan(self.plan.seconds) else self.plan.quotas
 
     def final_split(self) -> list:
         return self.last_sizes
 
     @property
     def stop_requested(self) -> bool:
-        """See `StepExchange`: some rank asked to stop, known everywhere at the same window."""
-        return self._exchange.stop_requested
+        """Whether some rank asked to stop: known everywhere at the same window, from the
+        reduction that carries the request (one to two windows after it)."""
+        return self._stop_known
 
     def request_stop(self) -> None:
-        self._exchange.request_stop()
+        """Ask every rank to stop (safe in a signal handler: it only sets a flag)."""
+        self._stop_here = True
 
     def bind(self, comm, split=None, global_batch=None) -> tuple:
         """ABS-SGD runs on a fixed world (the configuration refuses elastic runs)."""
@@ -103,25 +114,24 @@ class ABSWindows:
     def train_step(self, lr: float, emulator, sample_log, generation: int) -> dict:
         """Compute one window, start its reduction, apply the previous one's.
 
-        Collective: the allreduce, and every `adjust_every` windows the exchange.
+        Collective: the allreduce, and every `records_every` windows the exchange.
         """
-        cfg, started = self.cfg, time.perf_counter()
+        started = time.perf_counter()
         self.staleness.begin_window(lr)
         count, loss_sum, used = self._compute_window(emulator, started)
         self.staleness.end_window(count)
         compute = time.perf_counter() - started
         sample_log.write(generation, self.step, StepPlan(
             self.stream.epoch, self.stream.position, (count,), used), self.comm.rank)
-        # Appended to the gradient sum: the loss sum, the reduction time, and this rank's
-        # count and the window it aimed at (the first window: its length) in its own slots,
-        # so every rank learns every rank's rate.
-        aimed = compute if math.isnan(self.window) else self.window
-        tail = torch.zeros(2 + 2 * self.comm.size, dtype=self.params[0].dtype)
-        tail[0], tail[1] = loss_sum, self.reduce_seconds
-        tail[2 + self.comm.rank], tail[2 + self.comm.size + self.comm.rank] = count, aimed
+        # Appended to the gradient sum: the loss sum, the reduction time, a stop request, and
+        # this rank's count and compute seconds in its own slots, so every rank learns every
+        # rank's rate.
+        size = self.comm.size
+        tail = torch.zeros(_TAIL + 2 * size, dtype=self.params[0].dtype)
+        tail[0], tail[1], tail[2] = loss_sum, self.reduce_seconds, float(self._stop_here)
+        tail[_TAIL + self.comm.rank], tail[_TAIL + size + self.comm.rank] = count, compute
         flat = torch.cat([p.grad.reshape(-1) for p in self.params] + [tail])
-        if math.isnan(self.window):
-            self.window = compute   # window 1's, until reduction 0 sets window 2
+        planned = self.plan.seconds
         self._apply_pending(lr)
         self.handle = (self.backend.allreduce_sum_async(flat, "abs_sgd.window"),
                        time.perf_counter(), None)
@@ -131,28 +141,29 @@ class ABSWindows:
         self._exchange.add(self.step, self.stream.epoch, count, compute, step_seconds,
                            loss_sum / count)
         self.step += 1
-        if self.step % cfg.adjust_every == 0:
+        if self.step % self.records_every == 0:
             self._gather()
-        return {"step_time": step_seconds, "lr": lr, "window": self.window}
+        return {"step_time": step_seconds, "lr": lr,
+                "window": None if math.isnan(planned) else planned}
 
     def _compute_window(self, emulator, started: float) -> tuple:
-        """Micro-batches until the window (from `started`) is full: the first window until
-        this rank's share of the target batch, later ones until the window's length, the
-        last micro-batch cut to what fits. Gradient sums accumulate in the parameters'
-        `.grad`. Returns the sample count, the loss sum and the samples' indices."""
-        cfg = self.cfg
-        first_quota = math.ceil(cfg.global_batch / self.comm.size)
+        """Micro-batches up to this rank's quota in the window's plan, or until its cap (from
+        `started`), the last micro-batch then cut to what fits; at least one micro-batch.
+        Gradient sums accumulate in the parameters' `.grad`. Returns the sample count, the
+        loss sum and the samples' indices."""
+        cfg, plan = self.cfg, self.plan
+        quota = plan.quotas[self.comm.rank]
         count, loss_sum, used = 0, 0.0, []
         self.model.train()
-        while True:
-            if math.isnan(self.window):
-                size = cfg.micro_batch if count < first_quota else 0
-            else:
-                size = last_micro_batch(self.window - (time.perf_counter() - started),
-                                        self.per_sample, cfg.micro_batch, self.least)
-            if size == 0 and count > 0:
-                return count, loss_sum, np.concatenate(used)
-            indices = self.stream.take(size or max(self.least, 1))
+        while count < quota:
+            size = min(cfg.micro_batch, quota - count)
+            if count > 0 and math.isfinite(plan.cap):
+                size = min(size, last_micro_batch(plan.cap - (time.perf_counter() - started),
+                                                  self.per_sample, cfg.micro_batch,
+                                                  self.least))
+                if size == 0:
+                    break
+            indices = self.stream.take(max(size, self.least))
             x, y = self.loader.fetch(indices)
             began = time.perf_counter()
             loss = F.cross_entropy(self.model(x), y, reduction="sum")
@@ -165,6 +176,7 @@ class ABSWindows:
             used.append(indices)
             self._note_reduction_done()
             self.per_sample = (time.perf_counter() - started) / count
+        return count, loss_sum, np.concatenate(used)
 
     def _note_reduction_done(self) -> None:
         """Record when the reduction in flight finished, if it has (polled between
@@ -193,9 +205,10 @@ class ABSWindows:
             return False
         reduced, self.reduced = self.reduced, None
         size = self.comm.size
-        tail = reduced[-(2 + 2 * size):].tolist()
-        reduce_sum, counts, windows = tail[1], tail[2:2 + size], tail[2 + size:]
-        mean = reduced[:-(2 + 2 * size)] / sum(counts)
+        tail = reduced[-(_TAIL + 2 * size):].tolist()
+        reduce_sum, counts, seconds = tail[1], tail[_TAIL:_TAIL + size], tail[_TAIL + size:]
+        self._stop_known = self._stop_known or tail[2] > 0
+        mean = reduced[:-(_TAIL + 2 * size)] / sum(counts)
         # The reduced sum is the same on every rank: a non-finite one is skipped everywhere.
         self.finite = bool(torch.isfinite(mean).all())
         if self.finite:
@@ -209,7 +222,7 @@ class ABSWindows:
                 group["lr"] = lr
             self.optimizer.step()
             self.staleness.applied()
-        self.window = self.rule.next_window(counts, windows, reduce_sum / size)
+        self.plan = self.rule.next_window(counts, seconds, reduce_sum / size)
         return True
 
     def _gather(self) -> list:
@@ -246,7 +259,7 @@ class ABSWindows:
 
     # -- state --------------------------------------------------------------------------------
 
-    _SCALARS = ("step", "clock", "exchange_seconds", "samples", "window", "per_sample",
+    _SCALARS = ("step", "clock", "exchange_seconds", "samples", "per_sample",
                 "reduce_seconds")
 
     def state_dict(self) -> dict:
@@ -264,6 +277,7 @@ class ABSWindows:
                 "recent_reductions": list(self.recent_reductions),
                 "streams": [{"epoch": int(e), "position": int(p)} for e, p in streams],
                 "world_size": self.comm.size, "rule": self.rule.state_dict(),
+                "plan": self.plan._asdict(),
                 "staleness": self.staleness.state_dict(),
                 "reduced": None if self.reduced is None else self.reduced.clone()}
 
@@ -284,6 +298,7 @@ class ABSWindows:
         self.recent_reductions.extend(state["recent_reductions"])
         self.stream.load_state_dict(state["streams"][self.comm.rank])
         self.rule.load_state_dict(state["rule"])
+        self.plan = Window(**state["plan"])
         self.staleness.load_state_dict(state["staleness"])
         self.handle, self.reduced = None, state["reduced"]
         self.forget_uncommitted()
