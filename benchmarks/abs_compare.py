@@ -4,7 +4,10 @@ Two ranks train the demo's CNN on the embedded digits with the same global batch
 target batch), learning rate and seed, under a static slowdown and under a fluctuating one
 (a schedule that swaps which rank is slow every few steps). For each: throughput (all
 samples / training time), the training time to the target test accuracy, and the samples
-used to reach it (a run stops at its target), also as a multiple of static batching's.
+used to reach it (a run stops at its target), also as a multiple of static batching's; for
+ABS-SGD, the share of settled windows whose global sample count is within 10% of the target
+batch (settled: from window 2, when every rank's rate is known, and not the two windows
+after a change of speed, which were planned from the old rates).
 
     python benchmarks/abs_compare.py [--target 0.9] [--repeats 2]
 """
@@ -16,7 +19,9 @@ import sys
 
 from common import print_report
 
+from hvd_dynbatch.core.heterogeneity import Slowdown
 from hvd_dynbatch.tools.jobs import run_training_job, summary_of
+from hvd_dynbatch.training.metrics import step_records
 
 SCENARIOS = {
     "static 1,4": "1,4",
@@ -28,6 +33,15 @@ METHODS = {"static": ["--batching", "static"],
            "ABS-SGD (staleness: predict)": ["--batching", "abs", "--micro-batch", "16"],
            "ABS-SGD (staleness: none)": ["--batching", "abs", "--micro-batch", "16",
                                          "--staleness", "none"]}
+
+
+def settled_within(records: list, slowdown: str, target: int, tolerance: float = 0.1) -> float:
+    """The share of settled windows (see above) whose global count is within `tolerance` of
+    `target`."""
+    changes = {s + k for s in Slowdown.parse(slowdown).starts[1:] for k in (0, 1)}
+    counts = [r["global_batch"] for r in step_records(records)
+              if r["step"] >= 2 and r["step"] not in changes]
+    return sum(abs(c - target) <= tolerance * target for c in counts) / len(counts)
 
 
 def main():
@@ -43,11 +57,12 @@ def main():
     rows = []
     for scenario, slowdown in SCENARIOS.items():
         for method, options in METHODS.items():
-            runs = []
+            runs, within = [], []
             for _ in range(args.repeats):
                 print(f"{scenario}: {method} ...", file=sys.stderr)
-                runs.append(summary_of(run_training_job(
-                    2, [*base, *options, "--slowdown", slowdown])))
+                records = run_training_job(2, [*base, *options, "--slowdown", slowdown])
+                runs.append(summary_of(records))
+                within.append(settled_within(records, slowdown, args.global_batch))
             reached = [r for r in runs if r["time_to_target"] is not None]
             samples = statistics.median(r["samples"] for r in reached) if reached else None
             if method == "static":
@@ -60,7 +75,8 @@ def main():
                          else None,
                          f"{len(reached)}/{len(runs)}",
                          statistics.median(r["steps"] for r in runs),
-                         statistics.median(r["final_accuracy"] for r in runs)])
+                         statistics.median(r["final_accuracy"] for r in runs),
+                         f"{statistics.median(within):.0%}" if "ABS" in method else "-"])
     print_report(
         f"Static vs dynamic (pid) vs ABS-SGD: 2 ranks x 1 thread, CNN on digits, global batch "
         f"(ABS-SGD: target batch) {args.global_batch}, lr 0.05, momentum 0.9, micro-batch 16, "
@@ -69,7 +85,7 @@ def main():
         f"training time, evaluation (every 5 steps) excluded.",
         ["heterogeneity", "method", "samples/s", "time to target (s)", "samples to target",
          "x static", "runs reaching it",
-         "steps", "accuracy at stop"], rows)
+         "steps", "accuracy at stop", "settled windows within 10% of B"], rows)
 
 
 if __name__ == "__main__":
