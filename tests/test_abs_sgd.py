@@ -27,6 +27,7 @@ class TestWindowRule:
         assert window.quotas == (102, 26)
         assert window.seconds == pytest.approx(0.0256)
         assert window.cap == pytest.approx(1.5 * 0.0256)
+        assert window.floor == pytest.approx(0.5 * 0.0256)
 
     @pytest.mark.parametrize("seed", range(5))
     def test_the_quotas_add_up_to_the_target_batch(self, seed):

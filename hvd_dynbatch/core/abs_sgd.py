@@ -58,12 +58,14 @@ from .controller import apportion
 
 
 class Window(NamedTuple):
-    """One window's plan: each rank's quota of samples, the expected length and the cap
-    (seconds) at which a rank stops short of its quota."""
+    """One window's plan: each rank's quota of samples, the expected length, the cap
+    (seconds) at which a rank stops short of its quota, and the floor up to which a rank
+    that met its quota goes on."""
 
     quotas: Tuple[int, ...]
     seconds: float
     cap: float
+    floor: float
 
 
 class WindowRule:
@@ -73,6 +75,7 @@ class WindowRule:
     gain = 0.5     # weight of the newest window's rate in a rank's estimate
     jump = 0.5     # a reading this far (relative) from the estimate replaces it
     slack = 0.5    # a rank stops at its quota or at (1 + slack) x the window
+    floor = 0.5    # a rank that met its quota goes on to floor x the window
 
     def __init__(self, target_batch: int, gain: float = gain):
         if target_batch < 1:
@@ -101,18 +104,37 @@ class WindowRule:
         length = max(self.target_batch / total, reduce_seconds)
         batch = max(round(total * length), len(counts))
         return Window(tuple(int(q) for q in apportion(self.rates, batch, lower=1)), length,
-                      (1 + self.slack) * length)
+                      (1 + self.slack) * length, self.floor * length)
 
     def first_window(self, world_size: int) -> Window:
         """A window before any rate is known: equal shares of the target batch, no cap."""
         return Window((math.ceil(self.target_batch / world_size),) * world_size, math.nan,
-                      math.inf)
+                      math.inf, 0.0)
 
     def state_dict(self) -> dict:
         return {"rates": list(self.rates)}
 
     def load_state_dict(self, state: dict) -> None:
         self.rates = [float(r) for r in state["rates"]]
+
+
+def next_micro_batch(window: Window, rank: int, count: int, elapsed: float,
+                     seconds_per_sample: float, micro_batch: int, least: int = 1) -> int:
+    """The size of `rank`'s next micro-batch in `window`, `count` samples and `elapsed`
+    seconds into it; 0 when the window is done. The first is always taken; then full
+    micro-batches up to the quota (the last one cut to it), each cut to what fits before
+    the cap; past the quota, only what fits before the floor. At least `least` samples."""
+    quota = window.quotas[rank]
+    if count == 0:
+        return max(min(micro_batch, quota), least)
+    if count < quota:
+        size = min(micro_batch, quota - count)
+        if math.isfinite(window.cap):
+            size = min(size, last_micro_batch(window.cap - elapsed, seconds_per_sample,
+                                              micro_batch, least))
+    else:
+        size = last_micro_batch(window.floor - elapsed, seconds_per_sample, micro_batch, least)
+    return max(size, least) if size else 0
 
 
 def last_micro_batch(remaining: float, seconds_per_sample: float, micro_batch: int,

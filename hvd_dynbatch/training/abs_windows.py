@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..backend.backends import Backend
-from ..core.abs_sgd import Window, last_micro_batch
+from ..core.abs_sgd import Window, next_micro_batch
 from ..core.sampler import ShardStream, StepPlan
 from ..data.loader import BatchLoader
 from ..errors import DynBatchError
@@ -147,23 +147,19 @@ class ABSWindows:
                 "window": None if math.isnan(planned) else planned}
 
     def _compute_window(self, emulator, started: float) -> tuple:
-        """Micro-batches up to this rank's quota in the window's plan, or until its cap (from
-        `started`), the last micro-batch then cut to what fits; at least one micro-batch.
+        """Micro-batches as `next_micro_batch` sizes them in the window's plan (from
+        `started`): up to this rank's quota, within the cap, on to the floor.
         Gradient sums accumulate in the parameters' `.grad`. Returns the sample count, the
         loss sum and the samples' indices."""
-        cfg, plan = self.cfg, self.plan
-        quota = plan.quotas[self.comm.rank]
         count, loss_sum, used = 0, 0.0, []
         self.model.train()
-        while count < quota:
-            size = min(cfg.micro_batch, quota - count)
-            if count > 0 and math.isfinite(plan.cap):
-                size = min(size, last_micro_batch(plan.cap - (time.perf_counter() - started),
-                                                  self.per_sample, cfg.micro_batch,
-                                                  self.least))
-                if size == 0:
-                    break
-            indices = self.stream.take(max(size, self.least))
+        while True:
+            size = next_micro_batch(self.plan, self.comm.rank, count,
+                                    time.perf_counter() - started, self.per_sample,
+                                    self.cfg.micro_batch, self.least)
+            if size == 0:
+                return count, loss_sum, np.concatenate(used)
+            indices = self.stream.take(size)
             x, y = self.loader.fetch(indices)
             began = time.perf_counter()
             loss = F.cross_entropy(self.model(x), y, reduction="sum")
@@ -176,7 +172,6 @@ class ABSWindows:
             used.append(indices)
             self._note_reduction_done()
             self.per_sample = (time.perf_counter() - started) / count
-        return count, loss_sum, np.concatenate(used)
 
     def _note_reduction_done(self) -> None:
         """Record when the reduction in flight finished, if it has (polled between
