@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from hvd_dynbatch.core.abs_sgd import WindowRule, last_micro_batch
+from hvd_dynbatch.core.abs_sgd import Window, WindowRule, last_micro_batch, next_micro_batch
 from hvd_dynbatch.data.datasets import load_dataset
 from hvd_dynbatch.errors import DynBatchError
 from hvd_dynbatch.tools.launch import Launcher
@@ -72,6 +72,32 @@ class TestWindowRule:
     (-0.001, 0)])
 def test_the_last_micro_batch_ends_the_window_nearest_to_its_length(remaining, expected):
     assert last_micro_batch(remaining, 0.001, 16, least=2) == expected
+
+
+# Rank 0's quota 40 in a window of 20 ms: cap 30 ms, floor 10 ms; 1 ms per sample.
+WINDOW = Window(quotas=(40, 10), seconds=0.020, cap=0.030, floor=0.010)
+
+
+@pytest.mark.parametrize("count, elapsed, expected", [
+    (0, 0.05, 16),      # the first micro-batch is always taken
+    (16, 0.010, 16),    # full micro-batches towards the quota
+    (32, 0.018, 8),     # the last one cut to the quota
+    (32, 0.0272, 3),    # near the cap: what fits before it
+    (32, 0.031, 0),     # past the cap, short of the quota: done
+    (40, 0.0052, 5),    # quota met before the floor: on to the floor
+    (40, 0.012, 0)])    # quota met after the floor: done
+def test_a_window_runs_to_its_quota_within_the_cap_and_on_to_the_floor(count, elapsed,
+                                                                        expected):
+    assert next_micro_batch(WINDOW, 0, count, elapsed, 0.001, 16, least=2) == expected
+
+
+def test_before_the_rates_are_known_a_window_is_its_quota_alone():
+    first = WindowRule(64).first_window(2)
+    assert next_micro_batch(first, 1, 0, 0.0, 0.0, 8) == 8
+    assert next_micro_batch(first, 1, 24, 9.0, 0.001, 8) == 8
+    assert next_micro_batch(first, 1, 32, 0.0, 0.001, 8) == 0
+    # Batch norm's two samples, even where one is left of the quota.
+    assert next_micro_batch(first, 1, 31, 0.0, 0.001, 8, least=2) == 2
 
 
 SEED, LR, MOMENTUM, STEPS = 4, 0.05, 0.9, 12

@@ -1,4 +1,4 @@
-"""The batch controller: rounding, bounds, the two rules, settling on a modelled cluster."""
+"""The batch controller: rounding, bounds, the three rules, settling on a modelled cluster."""
 import math
 
 import numpy as np
@@ -59,7 +59,7 @@ class TestConfig:
 
 
 @pytest.mark.parametrize("rule", list(Rule))
-class TestBothRules:
+class TestEveryRule:
     def test_exact_model_reaches_the_proportional_split(self, rule):
         c = BatchController(ControllerConfig(global_batch=100, rule=rule))
         split = c.initial_split(2)
@@ -121,12 +121,13 @@ def test_pid_moves_less_than_p_once_settled():
     assert moved[Rule.PID] < moved[Rule.P]
 
 
-def test_state_round_trips_through_a_state_dict():
-    c = BatchController(ControllerConfig(64))
+@pytest.mark.parametrize("rule", list(Rule))
+def test_state_round_trips_through_a_state_dict(rule):
+    c = BatchController(ControllerConfig(64, rule=rule))
     split = c.initial_split(2)
     for _ in range(3):
-        split = c.update(split, split / np.array([100.0, 300.0]) * [1.0, 1.2])
-    copy = BatchController(ControllerConfig(64),
+        split = c.update(split, 0.01 + split / np.array([100.0, 300.0]) * [1.0, 1.2])
+    copy = BatchController(ControllerConfig(64, rule=rule),
                            ControllerState.from_state_dict(c.state.state_dict()))
     t = np.array([0.2, 0.1])
     assert copy.update(split, t).tolist() == c.update(split, t).tolist()
@@ -211,3 +212,53 @@ def test_bounds_with_no_slack_pin_every_worker(rule, bound):
     for times in ([0.1, 0.4, 0.2, 0.9], [1.0, 0.1, 0.1, 0.1], [0.1, 0.1, 0.1, 5.0]):
         split = c.update(split, times)
         assert split.tolist() == [10, 10, 10, 10]
+
+
+class TestModelRule:
+    """The "model" rule against workers whose times are exactly t = a + c b (figures by hand:
+    the equal-time split solves sum_i (T - a_i) / c_i = B)."""
+
+    @staticmethod
+    def times(split, fixed, rates):
+        return np.asarray(fixed) + np.asarray(split) / np.asarray(rates)
+
+    def test_fixed_costs_are_fitted_and_the_equal_time_split_reached_in_two(self):
+        # a = 0.2 s each, 100 and 400 samples/s: (T - 0.2)(100 + 400) = 100 gives T = 0.4,
+        # split 20/80. "p" sees rates 71 and 154 at 50/50 and only creeps towards it.
+        fixed, rates = [0.2, 0.2], [100.0, 400.0]
+        model = BatchController(ControllerConfig(100, rule=Rule.MODEL))
+        p = BatchController(ControllerConfig(100, rule=Rule.P))
+        split_m = split_p = np.array([50, 50])
+        for _ in range(2):
+            split_m = model.update(split_m, self.times(split_m, fixed, rates))
+            split_p = p.update(split_p, self.times(split_p, fixed, rates))
+        assert split_m.tolist() == [20, 80]
+        assert split_p[0] >= 25
+        assert model.state.fixed == pytest.approx(fixed)
+
+    def test_unequal_fixed_costs(self):
+        # a = 0.1 and 0.3 s, both 100 samples/s: (T - 0.1) 100 + (T - 0.3) 100 = 100,
+        # T = 0.7, split 60/40 (proportional would stay at 50/50).
+        fixed, rates = [0.1, 0.3], [100.0, 100.0]
+        c = BatchController(ControllerConfig(100, rule=Rule.MODEL))
+        split = np.array([40, 60])
+        for _ in range(2):
+            split = c.update(split, self.times(split, fixed, rates))
+        assert split.tolist() == [60, 40]
+
+    def test_a_real_change_is_refitted_and_the_fixed_cost_kept_while_settled(self):
+        fixed, rates = [0.2, 0.2], [100.0, 400.0]
+        c = BatchController(ControllerConfig(100, rule=Rule.MODEL))
+        split = np.array([50, 50])
+        for _ in range(20):
+            split = c.update(split, self.times(split, fixed, rates))
+        # Long settled at 20/80: its batches no longer spread, its fixed costs stand.
+        assert split.tolist() == [20, 80] and c.state.fixed == pytest.approx(fixed)
+        # Worker 1 slows to 100 samples/s: its line is forgotten, then fitted again:
+        # (T - 0.2) 200 = 100, 50/50.
+        rates = [100.0, 100.0]
+        split = c.update(split, self.times(split, fixed, rates))
+        assert np.isnan(c.state.fixed[1])
+        for _ in range(2):
+            split = c.update(split, self.times(split, fixed, rates))
+        assert split.tolist() == [50, 50]

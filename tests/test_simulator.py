@@ -73,7 +73,8 @@ def test_simulate_command_prints_tables():
                    "6:leave=0.25"])
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert sum(line.startswith(("| 8 ", "| 32 ")) for line in lines) == 8, out.stdout
+    # Two worker counts x three rules, in the scale table and the events table.
+    assert sum(line.startswith(("| 8 ", "| 32 ")) for line in lines) == 12, out.stdout
     assert any("at 6: leave 0.25" in line and "| 24 " in line for line in lines), out.stdout
 
 

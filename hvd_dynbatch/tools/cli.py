@@ -130,8 +130,8 @@ def _configured(*decls, **kwargs):
                   "the learning-rate rule applies as to an elastic change.")
 @_configured("--micro-batch", help="ABS-SGD: samples per micro-batch within a compute window.")
 @_configured("--window-gain",
-             help="ABS-SGD: weight of the newest window's measured rate in the rate estimate "
-                  "the window is set from (1: the last window's alone).")
+             help="ABS-SGD: weight of the newest window's measured rate in each rank's rate "
+                  "estimate, which sets its quota (1: the last window's alone).")
 @_configured("--staleness", type=click.Choice([r.value for r in Staleness]),
              help="ABS-SGD: how the one-window-stale gradient is compensated: weight "
                   "prediction, momentum correction, delay compensation (DC-ASGD), or none.")
@@ -222,7 +222,7 @@ def plot(metrics, output, title):
 @click.option("--workers", default="8,64,256,1024,4096", show_default=True,
               callback=_int_list, help="Worker counts to simulate, comma-separated.")
 @click.option("--rule", "rules", multiple=True, type=click.Choice([r.value for r in Rule]),
-              help="Controller rule(s) [default: both].")
+              help="Controller rule(s) [default: all].")
 @click.option("--rates", type=click.Choice([d.value for d in RateDistribution]),
               default=_SCENARIO.distribution.value, show_default=True,
               help="How worker speeds spread: lognormal, log-uniform, or three hardware "
