@@ -188,8 +188,7 @@ def apportion(weights: Sequence[float], total: int, lower: int = 0,
     room = base < hi
     remainder = np.where(room, share - base, -np.inf)
     order = np.lexsort((np.arange(n), -remainder))
-    for i in order[:short]:
-        base[i] += 1
+    base[order[:short]] += 1
     return base
 
 

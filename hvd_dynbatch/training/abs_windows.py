@@ -23,7 +23,9 @@ from .batching import StepExchange
 from .config import TrainConfig
 from .staleness import RULES as STALENESS
 
-_TAIL = 3   # the reduced vector's values after the gradient sum, before the per-rank slots
+# The reduced vector after the gradient sum: the loss sum and a stop request, then per rank
+# (each in its own slots, zero elsewhere) its count, compute seconds and reduction estimate.
+_TAIL, _PER_RANK = 2, 3
 
 
 class ABSWindows:
@@ -123,13 +125,12 @@ class ABSWindows:
         compute = time.perf_counter() - started
         sample_log.write(generation, self.step, StepPlan(
             self.stream.epoch, self.stream.position, (count,), used), self.comm.rank)
-        # Appended to the gradient sum: the loss sum, the reduction time, a stop request, and
-        # this rank's count and compute seconds in its own slots, so every rank learns every
-        # rank's rate.
+        # Appended to the gradient sum (see _TAIL), so every rank learns every rank's rate.
         size = self.comm.size
-        tail = torch.zeros(_TAIL + 2 * size, dtype=self.params[0].dtype)
-        tail[0], tail[1], tail[2] = loss_sum, self.reduce_seconds, float(self._stop_here)
-        tail[_TAIL + self.comm.rank], tail[_TAIL + size + self.comm.rank] = count, compute
+        tail = torch.zeros(_TAIL + _PER_RANK * size, dtype=self.params[0].dtype)
+        tail[0], tail[1] = loss_sum, float(self._stop_here)
+        tail[_TAIL + self.comm.rank::size] = torch.tensor([count, compute,
+                                                            self.reduce_seconds])
         flat = torch.cat([p.grad.reshape(-1) for p in self.params] + [tail])
         planned = self.plan.seconds
         self._apply_pending(lr)
@@ -200,10 +201,11 @@ class ABSWindows:
             return False
         reduced, self.reduced = self.reduced, None
         size = self.comm.size
-        tail = reduced[-(_TAIL + 2 * size):].tolist()
-        reduce_sum, counts, seconds = tail[1], tail[_TAIL:_TAIL + size], tail[_TAIL + size:]
-        self._stop_known = self._stop_known or tail[2] > 0
-        mean = reduced[:-(_TAIL + 2 * size)] / sum(counts)
+        tail = reduced[-(_TAIL + _PER_RANK * size):].tolist()
+        counts, seconds, reductions = (tail[_TAIL + k * size:_TAIL + (k + 1) * size]
+                                       for k in range(_PER_RANK))
+        self._stop_known = self._stop_known or tail[1] > 0
+        mean = reduced[:-(_TAIL + _PER_RANK * size)] / sum(counts)
         # The reduced sum is the same on every rank: a non-finite one is skipped everywhere.
         self.finite = bool(torch.isfinite(mean).all())
         if self.finite:
@@ -217,7 +219,9 @@ class ABSWindows:
                 group["lr"] = lr
             self.optimizer.step()
             self.staleness.applied()
-        self.plan = self.rule.next_window(counts, seconds, reduce_sum / size)
+        # A rank's reduction time includes waiting for the last rank to submit; the last
+        # one's is the transfer alone.
+        self.plan = self.rule.next_window(counts, seconds, min(reductions))
         return True
 
     def _gather(self) -> list:
