@@ -48,7 +48,8 @@ def main():
     parser.add_argument("--plot-levels", nargs="+", default=["HL8", "cores:6/6/4/32"],
                         help="Levels to plot, with --plots.")
     args = parser.parse_args()
-    # Momentum 0.5: ABS-SGD's one-step-stale gradient diverges at 0.9 here (abs_compare.py).
+    # Momentum 0.5, as in the earlier tables: uncompensated, ABS-SGD's stale gradient diverged
+    # at 0.9 here (abs_compare.py runs 0.9, with and without compensation).
     base = ["--model", "cnn", "--dataset", "synthetic", "--global-batch", str(args.global_batch),
             "--lr", "0.1", "--momentum", "0.5", "--seed", "0", "--epochs", str(args.epochs),
             "--eval-every", "5", "--adjust-every", "3"]
