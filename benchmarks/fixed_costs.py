@@ -1,0 +1,85 @@
+"""The controller rules on simulated clusters whose steps have fixed costs (issue 14).
+
+A worker's step takes overhead + b / rate seconds; the proportional rules assume time is
+proportional to the batch and only creep to the equal-time split, the "model" rule fits each
+worker's fixed and per-sample cost. For every overhead, rate spread, worker count and rule,
+the cluster model (`hvd_dynbatch.core.simulator`) runs twice: without noise, where a rule's
+settling is its own, and with 5% noise per step, where the split also carries the noise of
+the timings. Reported: adjustments until every later window holds the target share of the
+ideal split's throughput ('-': never within the run), the noise-free efficiency then held
+(median), and the controller's time per adjustment. A second table does the same after each
+event of a schedule (a tenth of the workers slows down, a quarter leaves, a quarter joins).
+
+    python benchmarks/fixed_costs.py [--target 0.97] [--workers 8,64,256,1024,4096]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from common import print_report
+
+from hvd_dynbatch.core.controller import Rule
+from hvd_dynbatch.core.simulator import Event, Scenario, simulate
+
+OVERHEADS = (0.0, 0.05, 0.2)
+SPREADS = (4.0, 8.0)
+EVENTS = "10:slow=0.1@2;20:leave=0.25;30:join=0.25"
+
+
+def settled(segment: dict) -> list:
+    """A segment's adjustments to the target and the noise-free efficiency it holds."""
+    return [segment["settle"], f"{segment['noise_free_efficiency']:.1%}"]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", type=float, default=0.97)
+    parser.add_argument("--workers", default="8,64,256,1024,4096")
+    parser.add_argument("--adjustments", type=int, default=30)
+    args = parser.parse_args()
+    workers = [int(w) for w in args.workers.split(",")]
+    rows, event_rows = [], []
+    for overhead in OVERHEADS:
+        for spread in SPREADS:
+            for n in workers:
+                for rule in Rule:
+                    base = Scenario(n, spread=spread, overhead=overhead,
+                                    adjustments=args.adjustments)
+                    quiet = simulate(dataclasses.replace(base, noise=0.0), rule, args.target)
+                    noisy = simulate(base, rule, args.target)
+                    rows.append([overhead, f"{spread:g}", n, rule.value,
+                                 *settled(quiet["segments"][0]),
+                                 *settled(noisy["segments"][0]),
+                                 f"{noisy['controller_seconds'] * 1e3:.3f}"])
+    for n in workers:
+        for rule in Rule:
+            base = Scenario(n, overhead=0.05, adjustments=40,
+                            events=tuple(Event.parse_schedule(EVENTS)))
+            quiet = simulate(dataclasses.replace(base, noise=0.0), rule, args.target)
+            noisy = simulate(base, rule, args.target)
+            for q, s in zip(quiet["segments"][1:], noisy["segments"][1:]):
+                event_rows.append([n, rule.value, f"at {q['start']}", q["workers"],
+                                   *settled(q), *settled(s)])
+    target = f"{args.target:.0%}"
+    print_report(
+        f"Controller rules against fixed step costs: simulated clusters, lognormal rates with "
+        f"the given spread, per-step overhead (s) the same on every worker, 5 steps per "
+        f"adjustment, global batch 64 x workers, ResNet-50-sized ring allreduce, seed 0, "
+        f"{args.adjustments} adjustments. 'to {target}': adjustments until every later "
+        f"window's noise-free efficiency (throughput at the split over the ideal split's, "
+        f"from expected step times) is at least {target}; 'held': its median from then on "
+        f"(over the run when never settled). Controller ms: median BatchController.update "
+        f"on this machine (the 5% noise run).",
+        ["overhead", "spread", "workers", "rule", f"no noise: to {target}", "no noise: held",
+         f"5% noise: to {target}", "5% noise: held", "controller ms"], rows)
+    print()
+    print_report(
+        f"After events ({EVENTS}): overhead 0.05 s, spread 4, 40 adjustments; the same "
+        f"columns per segment after each event (a leave or join restarts from an even split).",
+        ["workers", "rule", "event", "workers after", f"no noise: to {target}",
+         "no noise: held", f"5% noise: to {target}", "5% noise: held"], event_rows)
+
+
+if __name__ == "__main__":
+    main()
