@@ -7,8 +7,9 @@ up the per-sample gradients and counting its samples, so a fast rank simply gets
 more micro-batches. Here a rank computes micro-batches up to its quota for window k, its
 share of the target batch at its measured rate, the window's length as a cap (the window rule
 below says why). When its window closes, the rank starts an asynchronous Horovod allreduce
-(op=Sum) of [gradient sum, loss sum, reduce time, and in the rank's own slots its sample
-count and compute seconds], and begins window k+1 at once, while the reduction runs. At the
+(op=Sum) of [gradient sum, loss sum, stop request, and in the rank's own slots its sample
+count, compute seconds and reduction time], and begins window k+1 at once, while the
+reduction runs. At the
 end of window k+1 it waits for reduction k, applies
 
     w <- SGD step with g_k = (sum over ranks of gradient sums of window k) / N_k,
@@ -39,8 +40,8 @@ each window's count carries the noise of every rank's speed over that window; on
 the fast rank's speed moves +-25% from one 45 ms window to the next, and the global count
 spread by a standard deviation of 17-26% of B. By quota, a rank that is faster than its
 estimate ends early and starts its next window early: the ranks may drift apart by up to a
-window before one waits for another's reduction, so its speed's noise costs no time and the
-count stays B. A real change of speed is followed through the cap and the next readings: the
+window before one waits for another's reduction, so its speed's noise costs no time while
+the drift stays within that, and the count stays B. A real change of speed is followed through the cap and the next readings: the
 rule uses reading k to set window k+2 (window k+1 is already running when reduction k
 arrives), so a rank that slowed down ends up to two windows at the cap, short of its quota,
 and a rank that sped up more than twofold would idle for most of them at its old quota
