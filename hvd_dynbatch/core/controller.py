@@ -61,7 +61,6 @@ Times that are zero, negative, NaN or infinite make the controller keep the last
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -324,10 +323,10 @@ class BatchController:
     def _model_step(self, b: np.ndarray, t: np.ndarray) -> np.ndarray:
         cfg, st = self.config, self.state
         n, total = b.size, float(cfg.global_batch)
-        if (st.moments is None or st.moments.shape != (6, n)
+        if (st.moments is None or st.moments.shape != (5, n)
                 or st.allocation is None or np.any(np.abs(st.allocation - b) >= 1)):
             # First call, a new worker set, or a split set from outside: no readings.
-            st.moments, st.fixed = np.zeros((6, n)), np.full(n, np.nan)
+            st.moments, st.fixed = np.zeros((5, n)), np.full(n, np.nan)
         else:
             fixed, slope, calibrated, mean_b = self._lines()
             # An uncalibrated line is only proportional: it predicts near its readings only.
@@ -335,7 +334,7 @@ class BatchController:
             changed = checked & (np.abs(t / (fixed + slope * b) - 1) > cfg.change_threshold)
             st.moments[:, changed], st.fixed[changed] = 0.0, np.nan
         forget = 1 - 1 / cfg.memory
-        st.moments = forget * st.moments + np.array([np.ones(n), b, t, b * b, b * t, t * t])
+        st.moments = forget * st.moments + np.array([np.ones(n), b, t, b * b, b * t])
         st.adjustments += 1
         fixed, slope = self._lines()[:2]
         st.allocation = b.copy()
@@ -355,20 +354,14 @@ class BatchController:
         fit's fixed cost), and the mean batch of its readings. Records the fixed costs
         fitted now."""
         st, cfg = self.state, self.config
-        weight, sum_b, sum_t, sum_bb, sum_bt, sum_tt = st.moments
+        weight, sum_b, sum_t, sum_bb, sum_bt = st.moments
         with np.errstate(invalid="ignore", divide="ignore"):
             mean_b, mean_t = sum_b / weight, sum_t / weight
             var_b = np.maximum(sum_bb / weight - mean_b * mean_b, 0.0)
-            covariance = sum_bt / weight - mean_b * mean_t
-            slope = covariance / var_b
+            slope = (sum_bt / weight - mean_b * mean_t) / var_b
             fixed = mean_t - slope * mean_b
-            # Two readings or more (the second weighs 1 - 1/memory) whose batches spread,
-            # the time they explain well above the timing noise.
-            explained = slope * np.sqrt(var_b * weight) / mean_t
-            fitted = ((weight > 1.5) & (np.sqrt(var_b) >= cfg.identify * mean_b)
-                      & (slope > 0) & ~(explained < 3 * self._noise(
-                          weight, mean_t, sum_tt / weight - mean_t * mean_t,
-                          covariance, var_b)))
+            # Two readings or more (the second weighs 1 - 1/memory) whose batches spread.
+            fitted = (weight > 1.5) & (np.sqrt(var_b) >= cfg.identify * mean_b) & (slope > 0)
             origin = fitted & (fixed < 0)
             slope = np.where(origin, sum_bt / sum_bb, slope)
             fixed = np.where(origin, 0.0, fixed)
@@ -378,18 +371,6 @@ class BatchController:
             fixed = np.where(fitted, fixed, np.where(known, st.fixed, 0.0))
             slope = np.where(fitted, slope, (mean_t - fixed) / mean_b)
         return fixed, slope, fitted | known, mean_b
-
-    @staticmethod
-    def _noise(weight, mean_t, var_t, covariance, var_b) -> float:
-        """The timing noise relative to the time, pooled over the workers with three
-        readings or more (the median of their fits' residual spread); NaN before any."""
-        enough = weight > 2.5
-        if not enough.any():
-            return math.nan
-        residual = np.maximum(var_t - covariance * covariance / np.where(var_b > 0, var_b,
-                                                                          np.inf), 0.0)
-        w = weight[enough]
-        return float(np.median(np.sqrt(residual[enough] * w / (w - 2)) / mean_t[enough]))
 
     def _filter(self, rates: np.ndarray) -> None:
         """Fold one reading per worker into its running mean, restarting it on a real change."""
