@@ -32,6 +32,12 @@ def settled(segment: dict) -> list:
     return [segment["settle"], f"{segment['noise_free_efficiency']:.1%}"]
 
 
+def quiet_and_noisy(base: Scenario, rule: Rule, target: float) -> tuple:
+    """`simulate` of `base` without noise and with its own (5%)."""
+    return (simulate(dataclasses.replace(base, noise=0.0), rule, target),
+            simulate(base, rule, target))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", type=float, default=0.97)
@@ -46,8 +52,7 @@ def main():
                 for rule in Rule:
                     base = Scenario(n, spread=spread, overhead=overhead,
                                     adjustments=args.adjustments)
-                    quiet = simulate(dataclasses.replace(base, noise=0.0), rule, args.target)
-                    noisy = simulate(base, rule, args.target)
+                    quiet, noisy = quiet_and_noisy(base, rule, args.target)
                     rows.append([overhead, f"{spread:g}", n, rule.value,
                                  *settled(quiet["segments"][0]),
                                  *settled(noisy["segments"][0]),
@@ -56,8 +61,7 @@ def main():
         for rule in Rule:
             base = Scenario(n, overhead=0.05, adjustments=40,
                             events=tuple(Event.parse_schedule(EVENTS)))
-            quiet = simulate(dataclasses.replace(base, noise=0.0), rule, args.target)
-            noisy = simulate(base, rule, args.target)
+            quiet, noisy = quiet_and_noisy(base, rule, args.target)
             for q, s in zip(quiet["segments"][1:], noisy["segments"][1:]):
                 event_rows.append([n, rule.value, f"at {q['start']}", q["workers"],
                                    *settled(q), *settled(s)])

@@ -222,43 +222,38 @@ class TestModelRule:
     def times(split, fixed, rates):
         return np.asarray(fixed) + np.asarray(split) / np.asarray(rates)
 
+    def adjust(self, controller, split, fixed, rates, adjustments):
+        """`adjustments` updates of `controller` from `split` at exact times; the last split."""
+        for _ in range(adjustments):
+            split = controller.update(split, self.times(split, fixed, rates))
+        return split
+
     def test_fixed_costs_are_fitted_and_the_equal_time_split_reached_in_two(self):
         # a = 0.2 s each, 100 and 400 samples/s: (T - 0.2)(100 + 400) = 100 gives T = 0.4,
         # split 20/80. "p" sees rates 71 and 154 at 50/50 and only creeps towards it.
         fixed, rates = [0.2, 0.2], [100.0, 400.0]
         model = BatchController(ControllerConfig(100, rule=Rule.MODEL))
         p = BatchController(ControllerConfig(100, rule=Rule.P))
-        split_m = split_p = np.array([50, 50])
-        for _ in range(2):
-            split_m = model.update(split_m, self.times(split_m, fixed, rates))
-            split_p = p.update(split_p, self.times(split_p, fixed, rates))
-        assert split_m.tolist() == [20, 80]
-        assert split_p[0] >= 25
+        assert self.adjust(model, np.array([50, 50]), fixed, rates, 2).tolist() == [20, 80]
+        assert self.adjust(p, np.array([50, 50]), fixed, rates, 2)[0] >= 25
         assert model.state.fixed == pytest.approx(fixed)
 
     def test_unequal_fixed_costs(self):
         # a = 0.1 and 0.3 s, both 100 samples/s: (T - 0.1) 100 + (T - 0.3) 100 = 100,
         # T = 0.7, split 60/40 (proportional would stay at 50/50).
-        fixed, rates = [0.1, 0.3], [100.0, 100.0]
         c = BatchController(ControllerConfig(100, rule=Rule.MODEL))
-        split = np.array([40, 60])
-        for _ in range(2):
-            split = c.update(split, self.times(split, fixed, rates))
+        split = self.adjust(c, np.array([40, 60]), [0.1, 0.3], [100.0, 100.0], 2)
         assert split.tolist() == [60, 40]
 
     def test_a_real_change_is_refitted_and_the_fixed_cost_kept_while_settled(self):
         fixed, rates = [0.2, 0.2], [100.0, 400.0]
         c = BatchController(ControllerConfig(100, rule=Rule.MODEL))
-        split = np.array([50, 50])
-        for _ in range(20):
-            split = c.update(split, self.times(split, fixed, rates))
+        split = self.adjust(c, np.array([50, 50]), fixed, rates, 20)
         # Long settled at 20/80: its batches no longer spread, its fixed costs stand.
         assert split.tolist() == [20, 80] and c.state.fixed == pytest.approx(fixed)
         # Worker 1 slows to 100 samples/s: its line is forgotten, then fitted again:
         # (T - 0.2) 200 = 100, 50/50.
         rates = [100.0, 100.0]
-        split = c.update(split, self.times(split, fixed, rates))
+        split = self.adjust(c, split, fixed, rates, 1)
         assert np.isnan(c.state.fixed[1])
-        for _ in range(2):
-            split = c.update(split, self.times(split, fixed, rates))
-        assert split.tolist() == [50, 50]
+        assert self.adjust(c, split, fixed, rates, 2).tolist() == [50, 50]

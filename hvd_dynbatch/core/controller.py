@@ -150,6 +150,12 @@ class ControllerConfig:
                 raise DynBatchError(f"{_OPTION_NAMES.get(name, name)} must not be negative, "
                                     f"got {getattr(self, name)}")
 
+    @property
+    def bounds(self) -> tuple:
+        """(min_batch, max_batch) as floats, max_batch infinite when None."""
+        return (float(self.min_batch),
+                np.inf if self.max_batch is None else float(self.max_batch))
+
     def check_world(self, world_size: int) -> None:
         """Raise `DynBatchError` unless `world_size` workers can share the global batch."""
         if world_size < 1:
@@ -291,9 +297,7 @@ class BatchController:
     def _pid_step(self, b: np.ndarray, t: np.ndarray, rates: np.ndarray) -> np.ndarray:
         cfg, st = self.config, self.state
         n, total = b.size, float(cfg.global_batch)
-        if (st.allocation is None or st.allocation.size != n
-                or not np.isclose(st.allocation.sum(), total)
-                or np.any(np.abs(st.allocation - b) >= 1)):
+        if not self._continues(b):
             # First call, a new worker set, or a split set from outside: start from what ran.
             st.allocation, st.integral = b.copy(), np.zeros(n)
             st.rates, st.readings = rates.copy(), np.ones(n)
@@ -314,17 +318,13 @@ class BatchController:
             same_sign = np.sign(error) == np.sign(st.integral)
             st.integral = np.where(same_sign, st.integral + error, error)
             move = cfg.gain * error + cfg.integral_gain * st.integral
-        limit = max(cfg.max_change * total, 1.0)
-        proposal = st.allocation + np.clip(move, -limit, limit)
-        hi = np.inf if cfg.max_batch is None else float(cfg.max_batch)
-        st.allocation = _water_fill(np.maximum(proposal, 1e-9), total, float(cfg.min_batch), hi)
+        st.allocation = self._moved(st.allocation, move)
         return st.allocation
 
     def _model_step(self, b: np.ndarray, t: np.ndarray) -> np.ndarray:
         cfg, st = self.config, self.state
         n, total = b.size, float(cfg.global_batch)
-        if (st.moments is None or st.moments.shape != (5, n)
-                or st.allocation is None or np.any(np.abs(st.allocation - b) >= 1)):
+        if st.moments is None or not self._continues(b):
             # First call, a new worker set, or a split set from outside: no readings.
             st.moments, st.fixed = np.zeros((5, n)), np.full(n, np.nan)
         else:
@@ -341,12 +341,25 @@ class BatchController:
         predicted = fixed + slope * b
         if predicted.max() / predicted.min() - 1 < cfg.deadband:
             return st.allocation
-        hi = np.inf if cfg.max_batch is None else float(cfg.max_batch)
-        target = _water_fill(1 / slope, total, float(cfg.min_batch), hi, fixed / slope)
-        limit = max(cfg.max_change * total, 1.0)
-        proposal = b + np.clip(target - b, -limit, limit)
-        st.allocation = _water_fill(np.maximum(proposal, 1e-9), total, float(cfg.min_batch), hi)
+        target = _water_fill(1 / slope, total, *cfg.bounds, fixed / slope)
+        st.allocation = self._moved(b, target - b)
         return st.allocation
+
+    def _continues(self, b: np.ndarray) -> bool:
+        """Whether `b` is the split this controller chose last (else: the first call, a new
+        worker set, or a split set from outside)."""
+        allocation = self.state.allocation
+        return (allocation is not None and allocation.size == b.size
+                and bool(np.isclose(allocation.sum(), self.config.global_batch))
+                and not np.any(np.abs(allocation - b) >= 1))
+
+    def _moved(self, start: np.ndarray, move: np.ndarray) -> np.ndarray:
+        """`start` moved by `move`, each worker by at most `max_change` x B, then shared out
+        to sum to B within the bounds."""
+        cfg = self.config
+        limit = max(cfg.max_change * cfg.global_batch, 1.0)
+        proposal = start + np.clip(move, -limit, limit)
+        return _water_fill(np.maximum(proposal, 1e-9), float(cfg.global_batch), *cfg.bounds)
 
     def _lines(self) -> tuple:
         """Each worker's time model t = fixed + slope * b from its weighted readings (see
