@@ -261,8 +261,12 @@ def test_sigterm_to_horovodrun_gloo_stops_the_ranks_with_a_checkpoint(tmp_path):
     on to every rank. (mpirun passes SIGTERM on only after odls_base_sigkill_timeout
     seconds; with 3 s that stopped the ranks with a checkpoint in two runs, but in a third,
     under the full suite's load, they wrote no step after the signal and were killed
-    without one, so the README advises signalling the ranks under mpirun.)"""
-    job = Job(tmp_path, every=100, slowdown="300,300")
+    without one, so the README advises signalling the ranks under mpirun.)
+
+    horovodrun kills the ranks 5 s after passing SIGTERM on. At a 300x emulated slowdown a
+    stall of a few ms in a step became seconds, and in one fresh-clone run the ranks were
+    killed (exit 137) before they stopped; 60x keeps a step short of that."""
+    job = Job(tmp_path, every=100, slowdown="60,60")
     job.wait_until(lambda: job.steps_written() >= 4, "4 steps")
     job.proc.send_signal(signal.SIGTERM)
     job.stopped_at(["stopped by SIGTERM to this rank"] * 2)
