@@ -24,11 +24,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from common import print_report, steady_throughput
+from common import print_report
 
 from hvd_dynbatch.tools.jobs import run_training_job, summary_of
 from hvd_dynbatch.training.checkpoint import CheckpointDir, rng_state
 from hvd_dynbatch.training.models import build_model
+from hvd_dynbatch.training.metrics import steady_throughput
 
 
 def write_cost(name: str, writes: int, directory: str) -> list:

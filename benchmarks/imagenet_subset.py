@@ -38,10 +38,11 @@ import os
 import sys
 import tempfile
 
-from common import print_report, steady_throughput
+from common import print_report
 
 from hvd_dynbatch.data.datasets import SYNTHETIC_SHAPE, write_image_folder
 from hvd_dynbatch.tools.jobs import run_training_job, summary_of
+from hvd_dynbatch.training.metrics import steady_throughput
 
 # Loading cheaper than this share of a sample's compute is within the run-to-run noise here.
 NOISE = 0.10

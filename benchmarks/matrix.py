@@ -24,11 +24,12 @@ import os
 import sys
 from pathlib import Path
 
-from common import print_report, steady_throughput, time_to_accuracy
+from common import print_report, time_to_accuracy
 
 from hvd_dynbatch.core.heterogeneity import preset_factors
-from hvd_dynbatch.tools.jobs import run_training_job, summary_of
+from hvd_dynbatch.tools.jobs import run_training_job, standalone_rates, summary_of
 from hvd_dynbatch.tools.plot import plot_comparison, plot_run
+from hvd_dynbatch.training.metrics import steady_throughput
 
 METHODS = {"static": ["--batching", "static"],
            "dynamic p": ["--batching", "dynamic", "--controller", "p"],
@@ -64,9 +65,7 @@ def main():
         batch = args.global_batch // n
         if batch not in standalone:
             print(f"standalone rate at batch {batch} ...", file=sys.stderr)
-            standalone[batch] = steady_throughput(run_training_job(1, [
-                *base, "--global-batch", str(batch), "--epochs", "1000", "--max-steps", "30",
-                "--eval-every", "100000"]))
+            standalone[batch] = standalone_rates(["1"], batch, base)["1"]
         limit = sum(standalone[batch] / f for f in emulated)
         runs = {}
         for method, options in METHODS.items():

@@ -1,75 +1,106 @@
-"""The cost of dynamic batching's machinery at equal batches, against plain Horovod.
+"""The cost of dynamic batching's machinery at equal batches, under every launcher.
 
-Three jobs of 2 ranks with no emulated slowdown, the same model, data and global batch:
-plain `hvd.DistributedOptimizer` (benchmarks/plain_horovod.py), `hvd-dynbatch train` with
-static batching, and with dynamic batching. They run in turns, `--repeats` times, each round
-starting with a different one, and the median of each is compared. It also prints the share
-of the training time that the timing exchange and the controller took.
+Jobs of 2 ranks with no emulated slowdown, the same model, data and global batch, under
+`horovodrun --gloo`, horovodrun's elastic mode, `horovodrun --mpi` and `mpirun`: plain
+`hvd.DistributedOptimizer` (benchmarks/plain_horovod.py; not under elastic, which needs
+Horovod's elastic state) and `hvd-dynbatch train` with static and with dynamic batching.
+They run in turns, `--repeats` times, each round starting with a different job, and the
+median of each is compared with plain Horovod under the same launcher (elastic: under Gloo).
+It also prints the share of the training time that the timing exchange and the controller
+took. Fast steps make that share large, so the default is the CNN on the digits.
 
-    python benchmarks/overhead.py [--repeats 6] [--steps 60]
+    python benchmarks/overhead.py [--repeats 3] [--steps 120]
 """
 from __future__ import annotations
 
 import argparse
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
-from common import print_report, steady_throughput
+from common import print_report
 
 from hvd_dynbatch.tools.jobs import run_training_job
 from hvd_dynbatch.tools.launch import Launcher, json_records, run_local
+from hvd_dynbatch.training.metrics import steady_throughput
 
 HERE = Path(__file__).resolve().parent
+DISCOVER = str(HERE.parent / "hostfiles" / "discover_hosts.sh")
+# name: (launcher, elastic)
+LAUNCHES = {"horovodrun --gloo": (Launcher.GLOO, False), "elastic": (Launcher.GLOO, True),
+            "horovodrun --mpi": (Launcher.MPI, False), "mpirun": (Launcher.MPIRUN, False)}
 
 
-def plain_horovod(args) -> float:
-    job = run_local(Launcher.GLOO, 2, [sys.executable, str(HERE / "plain_horovod.py"),
-                                       "--model", args.model, "--dataset", args.dataset,
-                                       "--global-batch", str(args.global_batch),
-                                       "--steps", str(args.steps)], timeout=600)
+def plain_horovod(args, launcher: Launcher) -> float:
+    job = run_local(launcher, 2, [sys.executable, str(HERE / "plain_horovod.py"),
+                                  "--model", args.model, "--dataset", args.dataset,
+                                  "--global-batch", str(args.global_batch),
+                                  "--steps", str(args.steps)], timeout=600)
     if job.returncode != 0:
         raise SystemExit(f"plain Horovod run failed:\n{job.stderr[-2000:]}")
     return json_records(job.stdout)[-1]["samples_per_sec"]
 
 
+def ours(options: list, launch: str, workdir: str) -> list:
+    """The records of a `hvd-dynbatch train` job of 2 ranks under `launch`."""
+    launcher, elastic = LAUNCHES[launch]
+    if not elastic:
+        return run_training_job(2, options, launcher=launcher)
+    hosts = Path(workdir) / "hosts.txt"
+    hosts.write_text("localhost:2\n")
+    return run_training_job(2, [*options, "--elastic"], elastic_discovery=DISCOVER,
+                            min_np=2, max_np=2, env={"HVD_DYNBATCH_HOSTS_FILE": str(hosts)})
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=6)
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--global-batch", type=int, default=256)
     parser.add_argument("--model", default="cnn")
-    parser.add_argument("--dataset", default="synthetic")
+    parser.add_argument("--dataset", default="digits")
+    parser.add_argument("--launches", nargs="+", default=list(LAUNCHES), choices=list(LAUNCHES))
     args = parser.parse_args()
     options = ["--model", args.model, "--dataset", args.dataset, "--global-batch",
                str(args.global_batch), "--epochs", "1000", "--max-steps", str(args.steps),
                "--eval-every", "100000", "--lr", "0.05"]
-    loops = ["plain Horovod", "static", "dynamic"]
-    rates = {name: [] for name in loops}
-    exchange_share = {"static": [], "dynamic": []}
-    for repeat in range(args.repeats):
-        # Each round starts with a different loop, so none always runs first or last.
-        for name in loops[repeat % 3:] + loops[:repeat % 3]:
-            if name == "plain Horovod":
-                rates[name].append(plain_horovod(args))
-                continue
-            records = run_training_job(2, [*options, "--batching", name])
-            rates[name].append(steady_throughput(records))
-            summary = records[-1]
-            exchange_share[name].append(summary["exchange_seconds"] / summary["train_seconds"])
-    base = statistics.median(rates["plain Horovod"])
+    jobs = [(launch, loop) for launch in args.launches
+            for loop in ("plain Horovod", "static", "dynamic")
+            if not (loop == "plain Horovod" and LAUNCHES[launch][1])]
+    rates = {job: [] for job in jobs}
+    shares = {job: [] for job in jobs}
+    with tempfile.TemporaryDirectory() as workdir:
+        for repeat in range(args.repeats):
+            # Each round starts with a different job, so none always runs first or last.
+            shift = repeat * len(jobs) // args.repeats
+            for launch, loop in jobs[shift:] + jobs[:shift]:
+                print(f"round {repeat + 1}: {launch}, {loop} ...", file=sys.stderr)
+                if loop == "plain Horovod":
+                    rates[launch, loop].append(plain_horovod(args, LAUNCHES[launch][0]))
+                    continue
+                records = ours([*options, "--batching", loop], launch, workdir)
+                rates[launch, loop].append(steady_throughput(records))
+                summary = records[-1]
+                shares[launch, loop].append(summary["exchange_seconds"]
+                                            / summary["train_seconds"])
     rows = []
-    for name, values in rates.items():
+    for (launch, loop), values in rates.items():
+        base_launch = "horovodrun --gloo" if LAUNCHES[launch][1] else launch
+        base = rates.get((base_launch, "plain Horovod"))
         rate = statistics.median(values)
-        share = exchange_share.get(name)
-        rows.append([name, [round(v) for v in values], rate, f"{rate / base - 1:+.1%}",
-                     None if share is None else f"{statistics.median(share):.2%}"])
+        share = shares[launch, loop]
+        rows.append([launch, loop, [round(v) for v in values], rate,
+                     f"{rate / statistics.median(base) - 1:+.1%}" if base else None,
+                     f"{statistics.median(share):.2%}" if share else None])
     print_report(
         f"Equal batches, no slowdown: {args.model} on {args.dataset}, global batch "
         f"{args.global_batch}, {args.steps} steps, 2 ranks x 1 thread, {args.repeats} runs "
-        f"each in rotating turns; throughput from the median step time of the last 75% of steps.",
-        ["loop", "runs (samples/s)", "median (samples/s)",
-         "vs plain Horovod", "exchange + controller share"], rows)
+        f"each in rotating turns; throughput from the median step time of the last 75% of "
+        f"steps; exchange + controller share = the time in the exchange calls (waiting for "
+        f"the gather included) over the training time.",
+        ["launcher", "loop", "runs (samples/s)", "median (samples/s)", "vs plain Horovod",
+         "exchange + controller share"], rows)
 
 
 if __name__ == "__main__":

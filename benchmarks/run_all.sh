@@ -40,6 +40,7 @@ section "Throughput" "$PY" throughput.py --local 2 --model cnn --preset HL4 \
 section "Speedup" "$PY" speedup.py
 section "Settling" "$PY" settling.py
 section "Overhead" "$PY" overhead.py
+section "Emulator fidelity" "$PY" emulator_fidelity.py
 section "Time to accuracy" "$PY" time_to_accuracy.py
 section "Comparison matrix" "$PY" matrix.py --plots plots.tmp
 section "ImageNet subset" "$PY" imagenet_subset.py

@@ -1,14 +1,16 @@
-"""How fast and how steadily the controller balances real ranks, "p" against "pid".
+"""How fast and how steadily each controller rule balances real ranks.
 
 Two ranks train with dynamic batching from an even split; the emulated slowdown moves from
 one rank to the other mid-run. For each adjustment window (the steps between two timing
 exchanges, over which the split is fixed) it takes each rank's median compute time and the
 imbalance max/min of those. It reports the adjustments needed to reach imbalance <= 1.10 from
 the start and after the change, and how much of the global batch changes hands per adjustment
-once settled. The same schedule runs in the cluster model (`hvd_dynbatch.core.simulator`) with
-matching rates and noise, as a noise-controlled reference.
+once settled, and the efficiency: the steady throughput over the sum of the two workers'
+standalone rates at B/2. The same schedule runs in the cluster model
+(`hvd_dynbatch.core.simulator`) with matching rates and noise, as a noise-controlled reference.
 
-    python benchmarks/settling.py [--steps 150] [--schedule "0:1,4;75:4,1"]
+    python benchmarks/settling.py [--models cnn resnet18] [--schedules "0:1,4;75:4,1"]
+        [--steps 150]
 """
 from __future__ import annotations
 
@@ -22,8 +24,8 @@ from common import print_report
 from hvd_dynbatch.core.controller import BatchController, ControllerConfig, Rule
 from hvd_dynbatch.core.heterogeneity import Slowdown
 from hvd_dynbatch.core.simulator import ClusterModel, run_adjustments
-from hvd_dynbatch.tools.jobs import run_training_job
-from hvd_dynbatch.training.metrics import step_records
+from hvd_dynbatch.tools.jobs import run_training_job, standalone_rates
+from hvd_dynbatch.training.metrics import steady_throughput, step_records
 
 SETTLED = 1.10
 
@@ -64,39 +66,54 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--adjust-every", type=int, default=5)
-    parser.add_argument("--schedule", default="0:1,4;75:4,1")
+    parser.add_argument("--schedules", nargs="+", default=["0:1,4;75:4,1"])
+    parser.add_argument("--models", nargs="+", default=["cnn"])
     parser.add_argument("--global-batch", type=int, default=256)
+    parser.add_argument("--rules", nargs="+", default=[r.value for r in Rule],
+                        choices=[r.value for r in Rule])
     args = parser.parse_args()
-    slowdown = Slowdown.parse(args.schedule)
-    change_at = slowdown.starts[1] // args.adjust_every
+    rules = [Rule(r) for r in args.rules]
     rows = []
-    for rule in Rule:
-        records = run_training_job(2, [
-            "--model", "cnn", "--dataset", "synthetic", "--global-batch",
-            str(args.global_batch), "--epochs", "1000", "--max-steps", str(args.steps),
-            "--eval-every", "100000", "--adjust-every", str(args.adjust_every),
-            "--batching", "dynamic", "--controller", rule.value, "--slowdown", args.schedule])
-        splits, imbalances = zip(*windows(records, args.adjust_every))
-        rows.append([f"{rule.value} (real ranks)",
-                     *settle_figures(splits, imbalances, change_at, args.global_batch)])
-        print(f"{rule.value}: imbalance per window "
-              f"{[round(x, 2) for x in imbalances]}", file=sys.stderr)
-    for rule in Rule:
-        rates = 1000.0 / np.asarray(slowdown.factors[0])
-        cluster = ClusterModel(rates, overhead=0.002, noise=0.05, seed=1,
-                               rate_changes={change_at: 1000.0 / np.asarray(slowdown.factors[1])})
-        history = run_adjustments(BatchController(ControllerConfig(args.global_batch, rule=rule)),
-                                  cluster, args.steps // args.adjust_every)
-        rows.append([f"{rule.value} (cluster model, 5% noise)", *settle_figures(
-            [h["split"] for h in history], [h["imbalance"] for h in history], change_at,
-            args.global_batch)])
+    for schedule in args.schedules:
+        slowdown = Slowdown.parse(schedule)
+        change_at = slowdown.starts[1] // args.adjust_every
+        for model in args.models:
+            options = ["--model", model, "--dataset", "synthetic"]
+            factors = [f"{f:g}" for f in slowdown.factors[0]]
+            rates = standalone_rates(factors, args.global_batch // 2, options)
+            limit = sum(rates[f] for f in factors)
+            for rule in rules:
+                records = run_training_job(2, [
+                    *options, "--global-batch", str(args.global_batch), "--epochs", "1000",
+                    "--max-steps", str(args.steps), "--eval-every", "100000",
+                    "--adjust-every", str(args.adjust_every), "--batching", "dynamic",
+                    "--controller", rule.value, "--slowdown", schedule], timeout=3600)
+                splits, imbalances = zip(*windows(records, args.adjust_every))
+                rows.append([schedule, f"{model} (real ranks)", rule.value,
+                             *settle_figures(splits, imbalances, change_at, args.global_batch),
+                             f"{steady_throughput(records) / limit:.0%}"])
+                print(f"{schedule} {model} {rule.value}: imbalance per window "
+                      f"{[round(x, 2) for x in imbalances]}", file=sys.stderr)
+        for rule in rules:
+            cluster = ClusterModel(
+                1000.0 / np.asarray(slowdown.factors[0]), overhead=0.002, noise=0.05, seed=1,
+                rate_changes={change_at: 1000.0 / np.asarray(slowdown.factors[1])})
+            history = run_adjustments(
+                BatchController(ControllerConfig(args.global_batch, rule=rule)), cluster,
+                args.steps // args.adjust_every)
+            rows.append([schedule, "cluster model, 5% noise", rule.value, *settle_figures(
+                [h["split"] for h in history], [h["imbalance"] for h in history], change_at,
+                args.global_batch), None])
     print_report(
-        f"Controller settling: 2 ranks, cnn on synthetic, global batch {args.global_batch}, "
-        f"adjustment every {args.adjust_every} steps, slowdown schedule '{args.schedule}'. "
-        f"Settled means max/min compute time <= {SETTLED}; 'moved' is the share of the "
-        f"global batch that changes rank per adjustment once settled.",
-        ["controller", "adjustments to settle", "to settle after the change",
-         "moved per adjustment when settled", "median imbalance"], rows)
+        f"Controller settling: 2 ranks on synthetic data, global batch {args.global_batch}, "
+        f"{args.steps} steps, adjustment every {args.adjust_every} steps, from an even split; "
+        f"the slowdown schedule moves the slow worker at the given step. Settled means "
+        f"max/min compute time <= {SETTLED}; 'moved' is the share of the global batch that "
+        f"changes rank per adjustment once settled; efficiency = steady throughput (median "
+        f"step time of the last 75% of steps) / the sum of the workers' standalone rates at "
+        f"B/2.",
+        ["schedule", "ranks", "rule", "adjustments to settle", "to settle after the change",
+         "moved per adjustment when settled", "median imbalance", "efficiency"], rows)
 
 
 if __name__ == "__main__":

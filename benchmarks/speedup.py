@@ -12,9 +12,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from common import print_report, steady_throughput
+from common import print_report
 
-from hvd_dynbatch.tools.jobs import run_training_job
+from hvd_dynbatch.tools.jobs import ideal_speedup, run_training_job, standalone_rates
+from hvd_dynbatch.training.metrics import steady_throughput
 
 
 def main():
@@ -25,15 +26,14 @@ def main():
     parser.add_argument("--model", default="cnn")
     parser.add_argument("--dataset", default="synthetic")
     args = parser.parse_args()
-    base = ["--model", args.model, "--dataset", args.dataset, "--epochs", "1000",
-            "--max-steps", str(args.steps), "--eval-every", "100000", "--adjust-every", "3"]
+    model = ["--model", args.model, "--dataset", args.dataset, "--adjust-every", "3"]
+    base = [*model, "--epochs", "1000", "--max-steps", str(args.steps), "--eval-every", "100000"]
     rates = {}
 
     def standalone(factor: str, batch: int) -> float:
         """One worker alone: its rate with slowdown `factor` at batch `batch` (cached)."""
         if (factor, batch) not in rates:
-            rates[factor, batch] = steady_throughput(run_training_job(
-                1, [*base, "--global-batch", str(batch), "--slowdown", factor]))
+            rates[factor, batch] = standalone_rates([factor], batch, model, args.steps)[factor]
         return rates[factor, batch]
 
     rows = []
@@ -41,7 +41,7 @@ def main():
         factors = spec.split(",")
         n = len(factors)
         even = [standalone(f, args.global_batch // n) for f in factors]
-        ideal = sum(even) / (n * min(even))
+        ideal = ideal_speedup(even)
         measured = {}
         for batching in ("static", "dynamic"):
             records = run_training_job(n, [

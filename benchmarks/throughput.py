@@ -21,9 +21,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import steady_steps, steady_throughput
 
 from hvd_dynbatch.core.heterogeneity import preset_factors
+from hvd_dynbatch.training.metrics import steady_steps, steady_throughput
 
 
 def rank_main(args) -> None:

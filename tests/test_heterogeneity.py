@@ -33,15 +33,41 @@ def test_world_size_mismatch_is_named():
         Slowdown.parse("1,2").check_world(3)
 
 
-def test_emulation_sleeps_the_missing_time_of_forward_and_backward():
-    slow, fast = (Emulator(Slowdown.parse("1,3"), rank) for rank in (1, 0))
-    slow.after_backward(0.01, 0.03)          # backward took 3x the forward pass
+def _emulator(spec, rank):
+    slept = []
+    return Emulator(Slowdown.parse(spec), rank, memory=3, sleep=slept.append), slept
+
+
+def test_emulation_sleeps_until_the_step_costs_the_factor_times_its_compute():
+    slow, slept = _emulator("1,3", 1)
+    slow.after_forward(0, 10, 0.01)          # nothing recorded: backward taken as 2x forward
+    assert slept == [pytest.approx(2 * 0.03)]
+    slow.after_backward(10, 0.05)            # 10 samples took 0.05 s: 5 ms each
+    slow.after_forward(1, 20, 0.5)           # a stalled forward pass does not count
+    assert slept[-1] == pytest.approx(2 * 20 * 0.005)
+
+
+def test_emulation_sleeps_from_the_median_of_recent_steps():
+    slow, slept = _emulator("1,2", 1)
+    for batch, seconds in [(10, 0.01), (10, 0.5), (10, 0.02), (10, 0.03), (10, 0.04)]:
+        slow.after_backward(batch, seconds)  # a stall among the first, then only 3 kept
+    slow.after_forward(0, 10, 0.0)
+    assert slept == [pytest.approx(0.03)]
+
+
+def test_a_rank_at_factor_one_never_sleeps():
+    fast, slept = _emulator("1,3", 0)
+    fast.after_backward(10, 0.05)
+    fast.after_forward(0, 10, 0.05)
+    assert slept == []
+
+
+def test_emulation_sleeps_for_real():
+    slow = Emulator(Slowdown.parse("1,3"), 1)
+    slow.after_backward(4, 0.02)
     start = time.perf_counter()
-    slow.after_forward(0, 0.01)              # expected compute 0.04 s, 2 x 0.04 s to sleep
-    assert time.perf_counter() - start >= 0.079
-    start = time.perf_counter()
-    fast.after_forward(0, 0.05)
-    assert time.perf_counter() - start < 0.05
+    slow.after_forward(0, 4, 0.0)
+    assert time.perf_counter() - start >= 0.039
 
 
 def test_timer_takes_the_median_of_its_window():

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from hvd_dynbatch.data.datasets import load_dataset
+from hvd_dynbatch.tools.jobs import ideal_speedup, standalone_rates
 from hvd_dynbatch.tools.launch import Launcher
 from hvd_dynbatch.training.metrics import read_metrics, step_records
 from hvd_dynbatch.training.trainer import weights_checksum
@@ -179,3 +180,15 @@ def test_elastic_outside_elastic_mode_says_so():
     out = run_cli(["train", "--elastic", "--max-steps", "2", "--no-progress"])
     assert out.returncode == 0, out.stderr
     assert "not started in horovodrun's elastic mode" in out.stderr
+
+
+def test_ideal_speedup_is_the_sum_of_rates_over_n_times_the_slowest():
+    # Equal batches run at 2 x 25 samples/s, the best split at 100 + 25.
+    assert ideal_speedup([100.0, 25.0]) == pytest.approx(2.5)
+    assert ideal_speedup([40.0, 40.0, 40.0]) == pytest.approx(1.0)
+
+
+def test_standalone_rates_run_each_distinct_factor_once_alone():
+    rates = standalone_rates(["1", "3", "1"], 32, ["--model", "linear", "--dataset", "digits"],
+                             steps=8)
+    assert sorted(rates) == ["1", "3"] and all(r > 0 for r in rates.values())

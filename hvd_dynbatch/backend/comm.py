@@ -16,7 +16,7 @@ Two implementations exchange between ranks:
 from __future__ import annotations
 
 import abc
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -46,6 +46,16 @@ class Communicator(abc.ABC):
         Collective: every rank must call it, in the same order as the other collectives.
         Returns a float64 array of shape (size, len(values)) whose row r is rank r's values.
         """
+
+    def allgather_async(self, values: Sequence[float]) -> Callable[[], np.ndarray]:
+        """Start an `allgather` of `values`; returns the function that waits for its result.
+
+        Collective, like `allgather`, and no other collective of this communicator may run
+        between the two calls. Here the gather runs when the result is asked for; under
+        Horovod it starts at once (`HorovodCommunicator`).
+        """
+        values = list(values)
+        return lambda: self.allgather(values)
 
 
 class LocalCommunicator(Communicator):
@@ -111,6 +121,15 @@ class HorovodCommunicator(Communicator):
         # one fixed name is safe because this call completes before it returns.
         gathered = self._hvd.allgather(row, name="hvd_dynbatch.allgather")
         return gathered.numpy()
+
+    def allgather_async(self, values: Sequence[float]) -> Callable[[], np.ndarray]:
+        """Submit the all-gather to Horovod now: started just before the optimizer waits
+        for the gradients, it is negotiated in the same coordination cycle as they are."""
+        import torch
+
+        row = torch.as_tensor(np.asarray(values, dtype=np.float64)).reshape(1, -1)
+        handle = self._hvd.allgather_async(row, name="hvd_dynbatch.allgather_async")
+        return lambda: self._hvd.synchronize(handle).numpy()
 
 
 def for_horovod() -> Communicator:

@@ -7,8 +7,8 @@ transient interference. On a real cluster nothing is emulated.
 The sleep comes between forward and backward, not after backward: Horovod's hooks send each
 gradient as soon as backward produces it, so after backward the other ranks could already
 go on while this rank slept, and the emulated worker would be faster than the one it stands
-for. The backward pass has not run at that point, so its length is estimated from the
-previous step's backward-to-forward ratio.
+for. The backward pass has not run at that point, so the sleep is sized from the rank's
+recent steps (see `Emulator`).
 
 Spec syntax: "1,1,2,4" (from step 0 on), or "0:1,4;50:4,1;80:1,1" (factors from each step on).
 `preset_factors` turns the papers' set-ups into factors: heterogeneity levels "HL4" (the
@@ -17,10 +17,12 @@ fastest worker 4 times the slowest) and CPU-core splits "cores:6/6/4/32".
 from __future__ import annotations
 
 import bisect
+import collections
 import math
+import statistics
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from ..errors import DynBatchError
 
@@ -99,22 +101,34 @@ def preset_factors(preset: str, ranks: int = 2) -> tuple:
 
 
 class Emulator:
-    """Sleeps inside each step of one rank as its slowdown factor says."""
+    """Sleeps inside each step of one rank as its slowdown factor says.
 
-    def __init__(self, slowdown: Optional[Slowdown], rank: int):
+    The sleep is (s - 1) times this rank's typical compute for the step's batch: the median
+    per-sample compute time (forward plus backward, the sleep excluded) of its last `memory`
+    steps, times the batch. Sizing it from the step's own forward pass, times a backward ratio
+    read from the step before, made the emulated factor the product of two noisy readings:
+    on 2 ranks sharing 2 cores a factor of 4 measured about 6x, and a stall in one forward
+    pass became a sleep s - 1 times as long. Until a step has been recorded, the sleep is
+    sized from the forward pass, with backward taken as twice the forward.
+    """
+
+    def __init__(self, slowdown: Optional[Slowdown], rank: int, memory: int = 9,
+                 sleep: Callable[[float], None] = time.sleep):
         self.slowdown, self.rank = slowdown, rank
-        self._backward_ratio = 2.0  # backward takes about twice the forward pass
+        self._per_sample = collections.deque(maxlen=memory)
+        self._sleep = sleep
 
-    def after_forward(self, step: int, forward_seconds: float) -> None:
-        """Sleep (s - 1) times this step's expected compute (forward plus backward)."""
+    def after_forward(self, step: int, batch: int, forward_seconds: float) -> None:
+        """Sleep (s - 1) times the expected compute of `batch` samples."""
         if self.slowdown is None:
             return
-        expected = forward_seconds * (1.0 + self._backward_ratio)
-        extra = (self.slowdown.factor(step, self.rank) - 1.0) * expected
-        if extra > 0:
-            time.sleep(extra)
+        factor = self.slowdown.factor(step, self.rank)
+        if factor > 1:
+            expected = (statistics.median(self._per_sample) * batch if self._per_sample
+                        else 3.0 * forward_seconds)
+            self._sleep((factor - 1.0) * expected)
 
-    def after_backward(self, forward_seconds: float, backward_seconds: float) -> None:
-        """Learn the backward-to-forward ratio for the next step's estimate."""
-        if forward_seconds > 0:
-            self._backward_ratio = backward_seconds / forward_seconds
+    def after_backward(self, batch: int, compute_seconds: float) -> None:
+        """Record that `batch` samples took `compute_seconds` (forward plus backward)."""
+        if self.slowdown is not None and batch > 0 and compute_seconds > 0:
+            self._per_sample.append(compute_seconds / batch)

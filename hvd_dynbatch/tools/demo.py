@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .jobs import run_training_job, summary_of
+from ..core.heterogeneity import Slowdown
+from .jobs import ideal_speedup, run_training_job, standalone_rates, summary_of
 from .report import markdown_table
 
-DEMO_TRAINING = ["--model", "cnn", "--dataset", "digits", "--global-batch", "512",
-                 "--lr", "0.1", "--momentum", "0.9", "--seed", "0", "--epochs", "40",
+DEMO_MODEL = ["--model", "cnn", "--dataset", "digits", "--lr", "0.1", "--momentum", "0.9",
+              "--seed", "0"]
+DEMO_BATCH = 512
+DEMO_TRAINING = [*DEMO_MODEL, "--global-batch", str(DEMO_BATCH), "--epochs", "40",
                  "--eval-every", "6", "--adjust-every", "3"]
 
 
@@ -34,4 +37,13 @@ def run_demo(np: int = 2, slowdown: str = "1,4", target: float = 0.9,
     echo("")
     echo(markdown_table(["batching", "samples/s", "speedup", f"time to {target:.0%} (s)",
                          "steps", "accuracy", "final split"], rows))
+    factors = Slowdown.parse(slowdown).factors
+    if len(factors) == 1:
+        echo("  measuring each worker alone ...")
+        names = [f"{f:g}" for f in factors[0]]
+        rates = standalone_rates(names, DEMO_BATCH // np, DEMO_MODEL)
+        alone = ", ".join(f"{rates[f]:.0f} at factor {f}" for f in dict.fromkeys(names))
+        echo(f"ideal speedup {ideal_speedup([rates[f] for f in names]):.2f}x: the most any "
+             f"split can gain over equal batches, from each worker's rate alone at batch "
+             f"{DEMO_BATCH // np} (samples/s: {alone})")
     return summaries

@@ -139,8 +139,7 @@ class ABSWindows:
         self.optimizer.zero_grad()
         step_seconds = time.perf_counter() - started
         self.clock += step_seconds
-        self._exchange.add(self.step, self.stream.epoch, count, compute, step_seconds,
-                           loss_sum / count)
+        self._exchange.add(self.step, self.stream.epoch, count, compute, loss_sum / count)
         self.step += 1
         if self.step % self.records_every == 0:
             self._gather()
@@ -165,10 +164,10 @@ class ABSWindows:
             began = time.perf_counter()
             loss = F.cross_entropy(self.model(x), y, reduction="sum")
             forward = time.perf_counter() - began
-            emulator.after_forward(self.step, forward)
+            emulator.after_forward(self.step, len(indices), forward)
             began = time.perf_counter()
             loss.backward()
-            emulator.after_backward(forward, time.perf_counter() - began)
+            emulator.after_backward(len(indices), forward + time.perf_counter() - began)
             count, loss_sum = count + len(indices), loss_sum + loss.item()
             used.append(indices)
             self._note_reduction_done()

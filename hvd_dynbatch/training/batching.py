@@ -22,9 +22,13 @@ What happens in one step on rank i:
    all B samples: N ranks take the step one rank would take on the whole global batch.
 3. When the optimizer starts to synchronize (backward has ended) the compute time is taken;
    the wait for other ranks is not part of it. `optimizer.step()` then closes the step.
-4. Every `adjust_every` steps the ranks all-gather each step's (batch, compute time, step
-   time, loss) and their smoothed compute times; the controller computes the next split from
-   them, the same on every rank, so no broadcast is needed.
+4. Every `adjust_every` steps the ranks all-gather each step's (batch, compute time, loss)
+   and their smoothed compute times; the controller computes the next split from them, the
+   same on every rank, so no broadcast is needed. The gather starts when the exchange step's
+   compute ends, before the optimizer waits for the gradients: under Horovod it is one more
+   small collective beside the gradients' allreduce, not a round of its own after it (an
+   all-gather of its own took 6-8% of the training time under Gloo, where each collective
+   waits for Horovod's next coordination cycle).
 
 Prefetch: a DataLoader with w workers and prefetch factor p asks its batch sampler for the
 step w * p ahead of the one the loop is on. So a split decided after step k takes effect at
@@ -51,8 +55,8 @@ from ..core.sampler import StepPlan, VariableBatchSampler
 from ..core.timing import StepTimer
 from ..errors import DynBatchError
 
-# Each step's facts in the exchange: batch, compute seconds, step seconds, loss.
-_FACTS = 4
+# Each step's facts in the exchange: batch, compute seconds, loss.
+_FACTS = 3
 # DataLoader's options that choose batches, with their defaults (the only values accepted).
 _BATCH_CHOOSING = {"batch_size": 1, "shuffle": False, "sampler": None, "batch_sampler": None,
                    "drop_last": False}
@@ -66,7 +70,6 @@ class StepRecord:
     epoch: int
     batch_sizes: List[int]      # every rank's batch
     compute_times: List[float]  # every rank's compute seconds
-    step_times: List[float]     # every rank's whole step, waiting included
     loss: float                 # the mean over the step's samples (NaN if not recorded)
 
     @property
@@ -84,20 +87,30 @@ class StepExchange:
 
     def __init__(self):
         self._facts, self._steps = [], []
+        self._started = None             # a gather under way: (result, its steps, head size)
         self._stop_here = False
         self.stop_requested = False
 
     def __len__(self) -> int:
-        return len(self._steps)
+        """The steps noted and not yet gathered."""
+        return len(self._steps) + (0 if self._started is None else len(self._started[1]))
 
-    def add(self, step: int, epoch: int, batch: int, compute: float, step_seconds: float,
-            loss: float) -> None:
-        """Note one finished step of this rank (local)."""
-        self._facts.append((batch, compute, step_seconds, loss))
+    def add(self, step: int, epoch: int, batch: int, compute: float, loss: float) -> None:
+        """Note one step of this rank whose compute has ended (local)."""
+        self._facts.append((batch, compute, loss))
         self._steps.append((step, epoch))
 
     def clear(self) -> None:
-        """Drop the noted steps (a stop request stays)."""
+        """Drop the noted steps and any gather under way (a stop request stays)."""
+        self._facts, self._steps, self._started = [], [], None
+
+    def start(self, comm: Communicator, head: Sequence[float] = ()) -> None:
+        """Start the gather of `head` and the noted steps; the next `gather` returns it.
+
+        Collective, like `gather`: every rank starts at the same point.
+        """
+        result = comm.allgather_async([float(self._stop_here), *head, *np.ravel(self._facts)])
+        self._started = (result, self._steps, len(head))
         self._facts, self._steps = [], []
 
     def request_stop(self) -> None:
@@ -106,20 +119,24 @@ class StepExchange:
         self._stop_here = True
 
     def gather(self, comm: Communicator, head: Sequence[float] = ()):
-        """All-gather `head` (a few values per rank) and the noted steps; returns the
-        gathered heads, shape (size, len(head)), and the steps' records. Clears the notes.
+        """All-gather `head` (a few values per rank) and the noted steps, or finish the
+        gather `start` began (with its head); returns the gathered heads, shape
+        (size, len(head)), and the steps' records. Clears the notes.
 
         Collective: every rank calls it with the same number of steps noted.
         """
-        gathered = comm.allgather([float(self._stop_here), *head, *np.ravel(self._facts)])
+        if self._started is None:
+            self.start(comm, head)
+        result, steps, width = self._started
+        self._started = None
+        gathered = result()
         self.stop_requested = self.stop_requested or bool(gathered[:, 0].any())
-        heads, facts = gathered[:, 1:1 + len(head)], gathered[:, 1 + len(head):]
+        heads, facts = gathered[:, 1:1 + width], gathered[:, 1 + width:]
         facts = facts.reshape(comm.size, -1, _FACTS)
         records = [StepRecord(step, epoch, facts[:, k, 0].astype(int).tolist(),
-                              facts[:, k, 1].tolist(), facts[:, k, 2].tolist(),
-                              _weighted_mean(facts[:, k, 3], facts[:, k, 0]))
-                   for k, (step, epoch) in enumerate(self._steps)]
-        self.clear()
+                              facts[:, k, 1].tolist(),
+                              _weighted_mean(facts[:, k, 2], facts[:, k, 0]))
+                   for k, (step, epoch) in enumerate(steps)]
         return heads, records
 
 
@@ -308,10 +325,26 @@ class DynamicBatching:
     # -- the step: timing, closing, exchange --------------------------------------------------
 
     def compute_done(self) -> None:
-        """Mark the end of this step's compute (backward done). The optimizer calls it when
-        it starts to synchronize; later calls in the same step are ignored."""
-        if self._current is not None and self._compute is None:
-            self._compute = time.perf_counter() - self._current[2]
+        """Mark the end of this step's compute (backward done) and note the step's facts; on
+        the last step before an exchange, start the exchange's gather. The optimizer calls
+        it when it starts to synchronize; later calls in the same step are ignored.
+
+        Collective on those steps (every rank calls it, through the optimizer or
+        `step_done`). A loss for `records` must be recorded before it.
+        """
+        if self._current is None or self._compute is not None:
+            return
+        plan, step, started, _ = self._current
+        self._compute = time.perf_counter() - started
+        split = self.split_at(step)
+        if plan.sizes == split:
+            if split != self._timed_split:
+                self.timer.reset()
+                self._timed_split = split
+            self.timer.record(self._compute)
+        self._exchange.add(step, plan.epoch, plan.sizes[self.rank], self._compute, self._loss)
+        if (step + 1) % self.adjust_every == 0:
+            self._exchange.start(self.comm, self._head())
 
     def seconds_into_step(self) -> float:
         """Seconds since the step handed out was asked for (0 if none is)."""
@@ -331,18 +364,9 @@ class DynamicBatching:
             raise DynBatchError("optimizer.step() ran without a batch from the DynamicBatching "
                                 "loader; iterate batching.loader(...) for the training batches")
         self.compute_done()
-        plan, step, started, after = self._current
-        ended = time.perf_counter()
-        split = self.split_at(step)
-        if plan.sizes == split:
-            if split != self._timed_split:
-                self.timer.reset()
-                self._timed_split = split
-            self.timer.record(self._compute)
-        self.last_step_seconds = ended - started
+        _, step, started, after = self._current
+        self.last_step_seconds = time.perf_counter() - started
         self.clock += self.last_step_seconds
-        self._exchange.add(step, plan.epoch, plan.sizes[self.rank], self._compute,
-                           self.last_step_seconds, self._loss)
         self._current, self._position, self.step = None, after, step + 1
         if self.step % self.adjust_every == 0:
             self.exchange()
@@ -356,8 +380,7 @@ class DynamicBatching:
         if not self._exchange:
             return []
         started = time.perf_counter()
-        heads, records = self._exchange.gather(
-            self.comm, [-1 if self.lag is None else self.lag, self.timer.smoothed])
+        heads, records = self._exchange.gather(self.comm, self._head())
         if not self._lag_checked:
             self._check_lags(heads[:, 0])
         for record in records:
@@ -373,6 +396,11 @@ class DynamicBatching:
         self.exchange_seconds += elapsed
         self.clock += elapsed
         return records
+
+    def _head(self) -> list:
+        """This rank's values in every exchange besides its steps: the lag and the smoothed
+        compute time."""
+        return [-1 if self.lag is None else self.lag, self.timer.smoothed]
 
     def _check_lags(self, lags: np.ndarray) -> None:
         if np.any(lags != lags[0]):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 from pathlib import Path
 from typing import Optional
 
@@ -99,6 +100,26 @@ def read_metrics(path: str) -> list:
 def step_records(records: list) -> list:
     """The per-step records of a run's metrics (those with every rank's batch size)."""
     return [r for r in records if "batch_sizes" in r]
+
+
+def steady_steps(records: list, skip_fraction: float = 0.25) -> list:
+    """The step records after the first `skip_fraction` of the run, which hold start-up
+    costs and, under dynamic batching, the even split the controller starts from."""
+    steps = step_records(records)
+    return steps[int(len(steps) * skip_fraction):]
+
+
+def steady_throughput(records: list, skip_fraction: float = 0.25) -> float:
+    """Samples per second of a typical step of the steady state (`steady_steps`).
+
+    The median step time is used because a shared machine stalls a process now and then,
+    and one stall would dominate a mean over a few dozen steps.
+    """
+    kept = steady_steps(records, skip_fraction)
+    if not kept:
+        raise DynBatchError("the run recorded no steps to measure a throughput from")
+    batch = statistics.median(r["global_batch"] for r in kept)
+    return batch / statistics.median(r["step_time"] for r in kept)
 
 
 def truncate_metrics(path: str, step: int) -> None:

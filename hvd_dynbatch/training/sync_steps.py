@@ -121,10 +121,10 @@ class SynchronousSteps:
             loss = F.cross_entropy(self.model(x), y)
             self.batching.record_loss(loss.item())
             forward = self.batching.seconds_into_step()
-            emulator.after_forward(step, forward)
+            emulator.after_forward(step, len(y), forward)
             began = self.batching.seconds_into_step()
             loss.backward()
-            emulator.after_backward(forward, self.batching.seconds_into_step() - began)
+            emulator.after_backward(len(y), forward + self.batching.seconds_into_step() - began)
         # An empty slice (an epoch's short last step) has no backward: Horovod's synchronize
         # sends zeros for the gradients whose hooks did not fire.
         self.optimizer.step()
