@@ -14,6 +14,7 @@ took. Fast steps make that share large, so the default is the CNN on the digits.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -22,7 +23,7 @@ from pathlib import Path
 from common import print_report
 
 from hvd_dynbatch.tools.jobs import run_training_job
-from hvd_dynbatch.tools.launch import Launcher, json_records, run_local
+from hvd_dynbatch.tools.launch import Launcher, run_local
 from hvd_dynbatch.training.metrics import steady_throughput
 
 HERE = Path(__file__).resolve().parent
@@ -32,14 +33,17 @@ LAUNCHES = {"horovodrun --gloo": (Launcher.GLOO, False), "elastic": (Launcher.GL
             "horovodrun --mpi": (Launcher.MPI, False), "mpirun": (Launcher.MPIRUN, False)}
 
 
-def plain_horovod(args, launcher: Launcher) -> float:
+def plain_horovod(args, launcher: Launcher, workdir: str) -> float:
+    output = Path(workdir) / "plain.json"
+    output.unlink(missing_ok=True)
     job = run_local(launcher, 2, [sys.executable, str(HERE / "plain_horovod.py"),
                                   "--model", args.model, "--dataset", args.dataset,
                                   "--global-batch", str(args.global_batch),
-                                  "--steps", str(args.steps)], timeout=600)
-    if job.returncode != 0:
-        raise SystemExit(f"plain Horovod run failed:\n{job.stderr[-2000:]}")
-    return json_records(job.stdout)[-1]["samples_per_sec"]
+                                  "--steps", str(args.steps), "--output", str(output)],
+                    timeout=600)
+    if job.returncode != 0 or not output.exists():
+        raise SystemExit(f"plain Horovod run failed:\n{(job.stdout + job.stderr)[-2000:]}")
+    return json.loads(output.read_text())["samples_per_sec"]
 
 
 def ours(options: list, launch: str, workdir: str) -> list:
@@ -77,7 +81,7 @@ def main():
             for launch, loop in jobs[shift:] + jobs[:shift]:
                 print(f"round {repeat + 1}: {launch}, {loop} ...", file=sys.stderr)
                 if loop == "plain Horovod":
-                    rates[launch, loop].append(plain_horovod(args, LAUNCHES[launch][0]))
+                    rates[launch, loop].append(plain_horovod(args, LAUNCHES[launch][0], workdir))
                     continue
                 records = ours([*options, "--batching", loop], launch, workdir)
                 rates[launch, loop].append(steady_throughput(records))

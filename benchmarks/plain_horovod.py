@@ -3,7 +3,8 @@
 Run under a launcher (horovodrun -np 2 ... python benchmarks/plain_horovod.py ...). Each rank
 takes an equal slice of the same shuffled order, `hvd.DistributedOptimizer` averages the
 gradients, and nothing is timed per rank or exchanged. Rank 0 prints one JSON line with the
-median step time and the throughput derived from it.
+median step time and the throughput derived from it (to `--output`, if given, instead of
+stdout: a launcher can break a rank's output lines).
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import argparse
 import json
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -27,6 +29,7 @@ def main():
     parser.add_argument("--global-batch", type=int, default=256)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--output", help="File for the JSON line (default: stdout).")
     args = parser.parse_args()
 
     import horovod.torch as hvd
@@ -55,8 +58,12 @@ def main():
     if hvd.rank() == 0:
         kept = times[len(times) // 4:]
         median = statistics.median(kept)
-        print(json.dumps({"median_step_time": median,
-                          "samples_per_sec": local * hvd.size() / median}))
+        line = json.dumps({"median_step_time": median,
+                           "samples_per_sec": local * hvd.size() / median})
+        if args.output:
+            Path(args.output).write_text(line + "\n")
+        else:
+            print(line)
 
 
 if __name__ == "__main__":
