@@ -192,9 +192,14 @@ def apportion(weights: Sequence[float], total: int, lower: int = 0,
     base = np.clip(base, lower, None if upper is None else upper)
     short = int(total - base.sum())
     room = base < hi
-    remainder = np.where(room, share - base, -np.inf)
-    order = np.lexsort((np.arange(n), -remainder))
-    base[order[:short]] += 1
+    if short > 0:
+        remainder = np.where(room, share - base, -np.inf)
+        # The `short` largest remainders, ties to the lower index, in linear time: all above
+        # the short-th largest value, then the first of those equal to it.
+        cut = np.partition(remainder, n - short)[n - short]
+        above = np.flatnonzero(remainder > cut)
+        base[above] += 1
+        base[np.flatnonzero(remainder == cut)[:short - above.size]] += 1
     return base
 
 
@@ -265,6 +270,9 @@ class BatchController:
 
     config: ControllerConfig
     state: ControllerState = field(default_factory=ControllerState)
+    # "model": the lines fitted from the moments array they came from (the next update
+    # checks its readings against them before adding its own).
+    _fitted: Optional[tuple] = field(default=None, init=False, repr=False, compare=False)
 
     def initial_split(self, world_size: int) -> np.ndarray:
         """An even split of B over `world_size` workers (the remainder to the lowest ranks)."""
@@ -328,7 +336,7 @@ class BatchController:
             # First call, a new worker set, or a split set from outside: no readings.
             st.moments, st.fixed = np.zeros((5, n)), np.full(n, np.nan)
         else:
-            fixed, slope, calibrated, mean_b = self._lines()
+            fixed, slope, calibrated, mean_b = self._fit()
             # An uncalibrated line is only proportional: it predicts near its readings only.
             checked = calibrated | (np.abs(b / mean_b - 1) < cfg.identify)
             changed = checked & (np.abs(t / (fixed + slope * b) - 1) > cfg.change_threshold)
@@ -336,7 +344,7 @@ class BatchController:
         forget = 1 - 1 / cfg.memory
         st.moments = forget * st.moments + np.array([np.ones(n), b, t, b * b, b * t])
         st.adjustments += 1
-        fixed, slope = self._lines()[:2]
+        fixed, slope = self._fit()[:2]
         st.allocation = b.copy()
         predicted = fixed + slope * b
         if predicted.max() / predicted.min() - 1 < cfg.deadband:
@@ -360,6 +368,12 @@ class BatchController:
         limit = max(cfg.max_change * cfg.global_batch, 1.0)
         proposal = start + np.clip(move, -limit, limit)
         return _water_fill(np.maximum(proposal, 1e-9), float(cfg.global_batch), *cfg.bounds)
+
+    def _fit(self) -> tuple:
+        """`_lines()` of the current moments, computed once per moments array."""
+        if self._fitted is None or self._fitted[0] is not self.state.moments:
+            self._fitted = (self.state.moments, self._lines())
+        return self._fitted[1]
 
     def _lines(self) -> tuple:
         """Each worker's time model t = fixed + slope * b from its weighted readings (see
