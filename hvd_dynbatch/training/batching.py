@@ -26,9 +26,9 @@ What happens in one step on rank i:
    and their smoothed compute times; the controller computes the next split from them, the
    same on every rank, so no broadcast is needed. The gather starts when the exchange step's
    compute ends, before the optimizer waits for the gradients: under Horovod it is one more
-   small collective beside the gradients' allreduce, not a round of its own after it (an
-   all-gather of its own took 6-8% of the training time under Gloo, where each collective
-   waits for Horovod's next coordination cycle).
+   small collective beside the gradients' allreduce, not a round of its own after it (at
+   20 ms steps an all-gather of its own took 2-3% of the training time under Gloo and up to
+   8% in elastic runs, where each collective waits for Horovod's next coordination cycle).
 
 Prefetch: a DataLoader with w workers and prefetch factor p asks its batch sampler for the
 step w * p ahead of the one the loop is on. So a split decided after step k takes effect at
