@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import os
 import platform
+from pathlib import Path
+
+# The host-discovery script of the project's elastic examples, for elastic jobs here.
+DISCOVER = str(Path(__file__).resolve().parent.parent / "hostfiles" / "discover_hosts.sh")
 
 
 def print_report(description: str, headers: list, rows: list) -> None:

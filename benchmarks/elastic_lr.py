@@ -26,14 +26,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import print_report
+from common import DISCOVER, print_report
 
 from hvd_dynbatch.tools.jobs import run_training_job
 from hvd_dynbatch.tools.launch import Launcher, start_local, wait_local
 from hvd_dynbatch.tools.plot import plot_comparison
 from hvd_dynbatch.training.metrics import read_metrics, step_records
-
-DISCOVER = str(Path(__file__).resolve().parent.parent / "hostfiles" / "discover_hosts.sh")
 
 
 def twin(rule: str, seed: int, args) -> list:

@@ -20,14 +20,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import print_report
+from common import DISCOVER, print_report
 
 from hvd_dynbatch.tools.jobs import run_training_job
 from hvd_dynbatch.tools.launch import Launcher, run_local
 from hvd_dynbatch.training.metrics import steady_throughput
 
 HERE = Path(__file__).resolve().parent
-DISCOVER = str(HERE.parent / "hostfiles" / "discover_hosts.sh")
 # name: (launcher, elastic)
 LAUNCHES = {"horovodrun --gloo": (Launcher.GLOO, False), "elastic": (Launcher.GLOO, True),
             "horovodrun --mpi": (Launcher.MPI, False), "mpirun": (Launcher.MPIRUN, False)}

@@ -113,14 +113,7 @@ class HorovodCommunicator(Communicator):
         return self._hvd.size()
 
     def allgather(self, values: Sequence[float]) -> np.ndarray:
-        import torch
-
-        row = torch.as_tensor(np.asarray(values, dtype=np.float64)).reshape(1, -1)
-        # Horovod matches collectives across ranks by name. Unnamed ops get a per-process
-        # counter, which differs between survivors and a newly joined worker in elastic runs;
-        # one fixed name is safe because this call completes before it returns.
-        gathered = self._hvd.allgather(row, name="hvd_dynbatch.allgather")
-        return gathered.numpy()
+        return self.allgather_async(values)()
 
     def allgather_async(self, values: Sequence[float]) -> Callable[[], np.ndarray]:
         """Submit the all-gather to Horovod now: started just before the optimizer waits
@@ -128,7 +121,10 @@ class HorovodCommunicator(Communicator):
         import torch
 
         row = torch.as_tensor(np.asarray(values, dtype=np.float64)).reshape(1, -1)
-        handle = self._hvd.allgather_async(row, name="hvd_dynbatch.allgather_async")
+        # Horovod matches collectives across ranks by name. Unnamed ops get a per-process
+        # counter, which differs between survivors and a newly joined worker in elastic runs;
+        # one fixed name is safe because only one gather is under way at a time.
+        handle = self._hvd.allgather_async(row, name="hvd_dynbatch.allgather")
         return lambda: self._hvd.synchronize(handle).numpy()
 
 
