@@ -13,7 +13,7 @@ import abc
 import os
 import sys
 
-from .comm import Communicator, LocalCommunicator
+from .comm import Communicator, LocalCommunicator, wait_without_spinning
 
 
 class Backend(abc.ABC):
@@ -99,6 +99,7 @@ class HorovodBackend(Backend):
         return bool(self._hvd.poll(handle))
 
     def wait(self, handle):
+        wait_without_spinning([handle], self._hvd.poll)
         return self._hvd.synchronize(handle)
 
     def run_elastic(self, model, optimizer, progress: dict, on_reset, train) -> None:
