@@ -1,9 +1,13 @@
 """How close the emulated slowdown lands to the factor asked for.
 
-For each model, one worker alone (a 1-rank job, as the demo and `speedup.py` measure the
-standalone rates their ideal speedups come from) at factor 1 and at each factor, in turns,
-`--repeats` times. A round's measured factor is its rate at factor 1 over its rate at the
-factor; the table gives the median and the range over rounds.
+For each model, two measurements, `--repeats` rounds each; the table gives the median and the
+range over rounds:
+- alone: one worker (a 1-rank job, as the demo and `speedup.py` measure the standalone rates
+  their ideal speedups come from) at factor 1 and at each factor, in turns. A round's factor
+  is its rate at factor 1 over its rate at the factor.
+- in a job: 2 ranks at slowdown 1,f with equal static batches, sharing the machine's cores
+  as the demo's ranks do. A round's factor is the median, over the steady steps, of rank 1's
+  compute time over rank 0's; this is the factor the controller sees.
 
     python benchmarks/emulator_fidelity.py [--factors 4 8] [--repeats 3]
 """
@@ -15,7 +19,8 @@ import sys
 
 from common import print_report
 
-from hvd_dynbatch.tools.jobs import standalone_rates
+from hvd_dynbatch.tools.jobs import run_training_job, standalone_rates
+from hvd_dynbatch.training.metrics import steady_steps
 
 # (model options, batch of one worker, steps): the CNN at the per-rank batches of the demo
 # (digits, 512 on 2 ranks) and of speedup.py (synthetic, 256 on 2 ranks), a small batch, and
@@ -28,6 +33,16 @@ CASES = [
 ]
 
 
+def in_job_factor(factor: str, batch: int, options: list, steps: int) -> float:
+    """Rank 1's compute time over rank 0's in a 2-rank job at slowdown 1,`factor`."""
+    records = run_training_job(2, [
+        *options, "--global-batch", str(2 * batch), "--batching", "static",
+        "--slowdown", f"1,{factor}", "--max-steps", str(steps), "--epochs", "1000",
+        "--eval-every", "100000"])
+    return statistics.median(r["compute_times"][1] / r["compute_times"][0]
+                             for r in steady_steps(records))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--factors", nargs="+", default=["4", "8"])
@@ -35,26 +50,31 @@ def main():
     args = parser.parse_args()
     rows = []
     for options, batch, steps in CASES:
-        measured = {f: [] for f in args.factors}
+        alone = {f: [] for f in args.factors}
+        in_job = {f: [] for f in args.factors}
         for repeat in range(args.repeats):
             # Each round starts with a different factor, so none always runs first.
             order = ["1", *args.factors]
             order = order[repeat % len(order):] + order[:repeat % len(order)]
             rates = standalone_rates(order, batch, options, steps)
             for f in args.factors:
-                measured[f].append(rates["1"] / rates[f])
-        for f, values in measured.items():
-            median = statistics.median(values)
-            rows.append([" ".join(options[1::2]), batch, f, f"{median:.2f}",
-                         f"{min(values):.2f}-{max(values):.2f}",
-                         f"{median / float(f) - 1:+.0%}"])
-            print(f"{rows[-1][0]} batch {batch}: factor {f} measured {median:.2f}",
-                  file=sys.stderr)
+                alone[f].append(rates["1"] / rates[f])
+                in_job[f].append(in_job_factor(f, batch, options, steps))
+        for where, measured in (("alone", alone), ("in a job", in_job)):
+            for f, values in measured.items():
+                median = statistics.median(values)
+                rows.append([" ".join(options[1::2]), batch, f, where, f"{median:.2f}",
+                             f"{min(values):.2f}-{max(values):.2f}",
+                             f"{median / float(f) - 1:+.0%}"])
+                print(f"{rows[-1][0]} batch {batch}: factor {f} {where} measured {median:.2f}",
+                      file=sys.stderr)
     print_report(
-        f"Emulated slowdown, one worker alone (1 rank x 1 thread), {args.repeats} rounds; "
-        f"measured factor = samples/s at factor 1 / samples/s at the factor, from the median "
-        f"step time of the last 75% of steps.",
-        ["model, data", "batch", "factor", "measured (median)", "range", "off by"], rows)
+        f"Emulated slowdown, {args.repeats} rounds, 1 thread per rank. Alone: samples/s of a "
+        f"1-rank job at factor 1 / at the factor, from the median step time of the last 75% "
+        f"of steps. In a job: median of rank 1's / rank 0's compute time over the same steps "
+        f"of a 2-rank job at slowdown 1,f with equal batches.",
+        ["model, data", "batch", "factor", "where", "measured (median)", "range", "off by"],
+        rows)
 
 
 if __name__ == "__main__":
