@@ -125,19 +125,3 @@ def test_a_stop_asked_by_another_rank_is_known_here_at_the_next_exchange():
     assert not batching.stop_requested
     take(loader, batching, 1)
     assert batching.stop_requested
-
-
-def test_waiting_for_handles_polls_first_then_naps_until_every_one_is_done(monkeypatch):
-    import hvd_dynbatch.backend.comm as comm
-
-    polls, naps = {"a": 0, "b": 0}, []
-    done_after = {"a": 3, "b": 80}   # "a" finishes while polled, "b" only after some naps
-
-    def poll(handle):
-        polls[handle] += 1
-        return polls[handle] > done_after[handle]
-
-    monkeypatch.setattr(comm.time, "sleep", naps.append)
-    comm.wait_without_spinning(["a", "b"], poll, polls=50, nap=1e-3)
-    assert polls == {"a": 4, "b": 81}
-    assert naps == [1e-3] * 30   # b's polls 51 to 80 came each after a nap

@@ -13,7 +13,7 @@ import abc
 import os
 import sys
 
-from .comm import Communicator, LocalCommunicator, wait_without_spinning
+from .comm import Communicator, LocalCommunicator
 
 
 class Backend(abc.ABC):
@@ -99,7 +99,6 @@ class HorovodBackend(Backend):
         return bool(self._hvd.poll(handle))
 
     def wait(self, handle):
-        wait_without_spinning([handle], self._hvd.poll)
         return self._hvd.synchronize(handle)
 
     def run_elastic(self, model, optimizer, progress: dict, on_reset, train) -> None:

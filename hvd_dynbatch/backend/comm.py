@@ -16,8 +16,7 @@ Two implementations exchange between ranks:
 from __future__ import annotations
 
 import abc
-import time
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -126,32 +125,7 @@ class HorovodCommunicator(Communicator):
         # counter, which differs between survivors and a newly joined worker in elastic runs;
         # one fixed name is safe because only one gather is under way at a time.
         handle = self._hvd.allgather_async(row, name="hvd_dynbatch.allgather")
-
-        def result() -> np.ndarray:
-            wait_without_spinning([handle], self._hvd.poll)
-            return self._hvd.synchronize(handle).numpy()
-        return result
-
-
-def wait_without_spinning(handles: Iterable, poll: Callable[[object], bool],
-                          polls: int = 50, nap: float = 2e-4) -> None:
-    """Return once `poll(h)` is true for every handle, napping `nap` seconds between polls
-    after the first `polls`; then Horovod's synchronize returns at once.
-
-    Horovod's own wait (`WaitAndClear`) loops on the handle with a thread yield and never
-    sleeps, so a rank that finishes its compute first holds a whole core while it waits.
-    Where ranks share cores (several ranks on one machine, emulated heterogeneity) that slows
-    the ranks still computing: a rank emulating a 4x slower worker measured 5.1-7.0x the
-    fast rank's compute with Horovod's wait and 3.6-4.3x with this one (2 ranks, 2 cores). A
-    wait ends at most `nap` later than a spinning one.
-    """
-    for handle in handles:
-        for _ in range(polls):
-            if poll(handle):
-                break
-        else:
-            while not poll(handle):
-                time.sleep(nap)
+        return lambda: self._hvd.synchronize(handle).numpy()
 
 
 def for_horovod() -> Communicator:

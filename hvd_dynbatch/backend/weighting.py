@@ -25,7 +25,6 @@ from __future__ import annotations
 import torch
 
 from ..errors import DynBatchError
-from .comm import wait_without_spinning
 
 
 def drop_nonfinite_gradients(optimizer) -> bool:
@@ -67,10 +66,6 @@ class _BatchWeighted:
     def synchronize(self):
         if self._batching is not None:
             self._batching.compute_done()
-        # Horovod keeps the gradients' allreduces in _handles, {param: (handle, ctx)}; a
-        # handle is None or a callable for a gradient whose allreduce is not under way.
-        wait_without_spinning([h for h, _ in self._handles.values() if isinstance(h, int)],
-                              self._poll)
         return self._horovod.synchronize(self)
 
     def step(self, closure=None):
@@ -121,7 +116,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, batching=None, **kwar
     methods = {k: v for k, v in vars(_BatchWeighted).items() if not k.startswith("__")}
     wrapped.__class__ = type(horovod_class.__name__, horovod_class.__bases__,
                              {**vars(horovod_class), **methods, "_horovod": horovod_class})
-    wrapped._batching, wrapped.finite, wrapped._poll = batching, True, hvd.poll
+    wrapped._batching, wrapped.finite = batching, True
     wrapped._register_weight_hooks(1.0 / hvd.size())
     return wrapped
 
