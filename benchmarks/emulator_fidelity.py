@@ -19,7 +19,7 @@ import sys
 
 from common import print_report
 
-from hvd_dynbatch.tools.jobs import run_training_job, standalone_rates
+from hvd_dynbatch.tools.jobs import measuring_run, run_training_job, standalone_rates
 from hvd_dynbatch.training.metrics import steady_steps
 
 # (model options, batch of one worker, steps): the CNN at the per-rank batches of the demo
@@ -37,8 +37,7 @@ def in_job_factor(factor: str, batch: int, options: list, steps: int) -> float:
     """Rank 1's compute time over rank 0's in a 2-rank job at slowdown 1,`factor`."""
     records = run_training_job(2, [
         *options, "--global-batch", str(2 * batch), "--batching", "static",
-        "--slowdown", f"1,{factor}", "--max-steps", str(steps), "--epochs", "1000",
-        "--eval-every", "100000"])
+        "--slowdown", f"1,{factor}", *measuring_run(steps)])
     return statistics.median(r["compute_times"][1] / r["compute_times"][0]
                              for r in steady_steps(records))
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from common import DISCOVER, print_report
 
-from hvd_dynbatch.tools.jobs import run_training_job
+from hvd_dynbatch.tools.jobs import measuring_run, run_training_job
 from hvd_dynbatch.tools.launch import Launcher, run_local
 from hvd_dynbatch.training.metrics import steady_throughput
 
@@ -66,8 +66,7 @@ def main():
     parser.add_argument("--launches", nargs="+", default=list(LAUNCHES), choices=list(LAUNCHES))
     args = parser.parse_args()
     options = ["--model", args.model, "--dataset", args.dataset, "--global-batch",
-               str(args.global_batch), "--epochs", "1000", "--max-steps", str(args.steps),
-               "--eval-every", "100000", "--lr", "0.05"]
+               str(args.global_batch), *measuring_run(args.steps), "--lr", "0.05"]
     jobs = [(launch, loop) for launch in args.launches
             for loop in ("plain Horovod", "static", "dynamic")
             if not (loop == "plain Horovod" and LAUNCHES[launch][1])]

@@ -24,7 +24,7 @@ from common import print_report
 from hvd_dynbatch.core.controller import BatchController, ControllerConfig, Rule
 from hvd_dynbatch.core.heterogeneity import Slowdown
 from hvd_dynbatch.core.simulator import ClusterModel, run_adjustments
-from hvd_dynbatch.tools.jobs import run_training_job, standalone_rates
+from hvd_dynbatch.tools.jobs import measuring_run, run_training_job, standalone_rates
 from hvd_dynbatch.training.metrics import steady_throughput, step_records
 
 SETTLED = 1.10
@@ -84,8 +84,8 @@ def main():
             limit = sum(rates[f] for f in factors)
             for rule in rules:
                 records = run_training_job(2, [
-                    *options, "--global-batch", str(args.global_batch), "--epochs", "1000",
-                    "--max-steps", str(args.steps), "--eval-every", "100000",
+                    *options, "--global-batch", str(args.global_batch),
+                    *measuring_run(args.steps),
                     "--adjust-every", str(args.adjust_every), "--batching", "dynamic",
                     "--controller", rule.value, "--slowdown", schedule], timeout=3600)
                 splits, imbalances = zip(*windows(records, args.adjust_every))

@@ -14,7 +14,7 @@ import sys
 
 from common import print_report
 
-from hvd_dynbatch.tools.jobs import ideal_speedup, run_training_job, standalone_rates
+from hvd_dynbatch.tools.jobs import ideal_speedup, measuring_run, run_training_job, standalone_rates
 from hvd_dynbatch.training.metrics import steady_throughput
 
 
@@ -27,7 +27,7 @@ def main():
     parser.add_argument("--dataset", default="synthetic")
     args = parser.parse_args()
     model = ["--model", args.model, "--dataset", args.dataset, "--adjust-every", "3"]
-    base = [*model, "--epochs", "1000", "--max-steps", str(args.steps), "--eval-every", "100000"]
+    base = [*model, *measuring_run(args.steps)]
     rates = {}
 
     def standalone(factor: str, batch: int) -> float:

@@ -42,6 +42,12 @@ def summary_of(records: list) -> dict:
     return records[-1]
 
 
+def measuring_run(steps: int) -> list:
+    """`train` options for a run that measures: exactly `steps` steps (the epoch limit out of
+    reach) and no evaluation on the way."""
+    return ["--max-steps", str(steps), "--epochs", "1000", "--eval-every", "100000"]
+
+
 def standalone_rates(factors: Sequence[str], batch: int, options: Sequence[str],
                      steps: int = 30) -> dict:
     """Each worker alone: for each distinct slowdown factor, the steady samples/s of a 1-rank
@@ -51,7 +57,7 @@ def standalone_rates(factors: Sequence[str], batch: int, options: Sequence[str],
         if factor not in rates:
             rates[factor] = steady_throughput(run_training_job(1, [
                 *options, "--global-batch", str(batch), "--slowdown", str(factor),
-                "--max-steps", str(steps), "--epochs", "1000", "--eval-every", "100000"]))
+                *measuring_run(steps)]))
     return rates
 
 
