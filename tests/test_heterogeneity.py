@@ -1,4 +1,4 @@
-"""Slowdown specs, the step timer, and the gradient weight."""
+"""Slowdown specs and their emulation, the step timer, the gradient weight, and the napping wait."""
 import math
 import time
 
@@ -35,38 +35,29 @@ def test_world_size_mismatch_is_named():
 
 def _emulator(spec, rank):
     slept = []
-    return Emulator(Slowdown.parse(spec), rank, memory=3, sleep=slept.append), slept
+    return Emulator(Slowdown.parse(spec), rank, sleep=slept.append), slept
 
 
-def test_emulation_sleeps_until_the_step_costs_the_factor_times_its_compute():
-    slow, slept = _emulator("1,3", 1)
-    slow.after_forward(0, 10, 0.01)          # nothing recorded: backward taken as 2x forward
-    assert slept == [pytest.approx(2 * 0.03)]
-    slow.after_backward(10, 0.05)            # 10 samples took 0.05 s: 5 ms each
-    slow.after_forward(1, 20, 0.5)           # a stalled forward pass does not count
-    assert slept[-1] == pytest.approx(2 * 20 * 0.005)
+def test_emulation_sleeps_until_the_compute_costs_the_factor_times_what_it_took():
+    slow, slept = _emulator("0:1,3;5:1,1.5", 1)
+    slow.after_compute(0, 0.05)
+    slow.after_compute(4, 0.5)               # a stalled step: its sleep stalls with it
+    slow.after_compute(5, 0.1)               # the schedule's next entry
+    assert slept == [pytest.approx(0.1), pytest.approx(1.0), pytest.approx(0.05)]
 
 
-def test_emulation_sleeps_from_the_median_of_recent_steps():
-    slow, slept = _emulator("1,2", 1)
-    for batch, seconds in [(10, 0.01), (10, 0.5), (10, 0.02), (10, 0.03), (10, 0.04)]:
-        slow.after_backward(batch, seconds)  # a stall among the first, then only 3 kept
-    slow.after_forward(0, 10, 0.0)
-    assert slept == [pytest.approx(0.03)]
-
-
-def test_a_rank_at_factor_one_never_sleeps():
+def test_a_rank_at_factor_one_or_without_compute_never_sleeps():
     fast, slept = _emulator("1,3", 0)
-    fast.after_backward(10, 0.05)
-    fast.after_forward(0, 10, 0.05)
-    assert slept == []
+    fast.after_compute(0, 0.05)
+    slow, slept_slow = _emulator("1,3", 1)
+    slow.after_compute(0, 0.0)
+    assert slept == [] and slept_slow == []
 
 
 def test_emulation_sleeps_for_real():
     slow = Emulator(Slowdown.parse("1,3"), 1)
-    slow.after_backward(4, 0.02)
     start = time.perf_counter()
-    slow.after_forward(0, 4, 0.0)
+    slow.after_compute(0, 0.02)
     assert time.perf_counter() - start >= 0.039
 
 
@@ -98,3 +89,19 @@ def test_presets(preset, ranks, factors):
 def test_unknown_presets_are_refused(preset):
     with pytest.raises(DynBatchError, match="unknown heterogeneity preset"):
         preset_factors(preset)
+
+
+def test_a_napping_wait_polls_first_then_naps_until_every_handle_is_done(monkeypatch):
+    import hvd_dynbatch.backend.weighting as weighting
+
+    polls, naps = {"a": 0, "b": 0}, []
+    done_after = {"a": 3, "b": 80}   # "a" finishes while polled, "b" only after some naps
+
+    def poll(handle):
+        polls[handle] += 1
+        return polls[handle] > done_after[handle]
+
+    monkeypatch.setattr(weighting.time, "sleep", naps.append)
+    weighting.wait_napping(["a", "b"], poll, nap=1e-3, polls=50)
+    assert polls == {"a": 4, "b": 81}
+    assert naps == [1e-3] * 30       # b's polls 51 to 80 came each after a nap

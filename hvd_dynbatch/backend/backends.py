@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import os
 import sys
+from typing import Optional
 
 from .comm import Communicator, LocalCommunicator
 
@@ -70,13 +71,14 @@ class LocalBackend(Backend):
 
 
 class HorovodBackend(Backend):
-    """The running Horovod job (initialises Horovod)."""
+    """The running Horovod job (initialises Horovod). With `nap` (seconds) a rank waiting for
+    a reduction naps between polls instead of spinning (see `weighting.wait_napping`)."""
 
-    def __init__(self):
+    def __init__(self, nap: Optional[float] = None):
         import horovod.torch as hvd
 
         hvd.init()
-        self._hvd = hvd
+        self._hvd, self._nap = hvd, nap
 
     def communicator(self) -> Communicator:
         from .comm import for_horovod
@@ -87,7 +89,7 @@ class HorovodBackend(Backend):
         from .weighting import DistributedOptimizer
 
         return DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                    batching=batching)
+                                    batching=batching, nap=self._nap)
 
     def broadcast_parameters(self, model) -> None:
         self._hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -99,6 +101,10 @@ class HorovodBackend(Backend):
         return bool(self._hvd.poll(handle))
 
     def wait(self, handle):
+        if self._nap is not None:
+            from .weighting import wait_napping
+
+            wait_napping([handle], self._hvd.poll, self._nap)
         return self._hvd.synchronize(handle)
 
     def run_elastic(self, model, optimizer, progress: dict, on_reset, train) -> None:

@@ -4,11 +4,11 @@ A rank with factor s sleeps (s - 1) times its compute in each step, so the step 
 would on hardware s times slower. A schedule changes the factors at given steps, to emulate
 transient interference. On a real cluster nothing is emulated.
 
-The sleep comes between forward and backward, not after backward: Horovod's hooks send each
-gradient as soon as backward produces it, so after backward the other ranks could already
-go on while this rank slept, and the emulated worker would be faster than the one it stands
-for. The backward pass has not run at that point, so the sleep is sized from the rank's
-recent steps (see `Emulator`).
+The sleep comes after backward, sized from the compute it follows (see `Emulator`). Horovod's
+hooks have sent the gradients by then, so the other ranks finish that step's allreduce and
+start their next step while this rank sleeps; but that next step's allreduce waits for this
+rank, so they lead by one step at most and every rank runs at the emulated worker's pace. The
+time this rank reports for the step (and gathers, for the controller) includes the sleep.
 
 Spec syntax: "1,1,2,4" (from step 0 on), or "0:1,4;50:4,1;80:1,1" (factors from each step on).
 `preset_factors` turns the papers' set-ups into factors: heterogeneity levels "HL4" (the
@@ -17,9 +17,7 @@ fastest worker 4 times the slowest) and CPU-core splits "cores:6/6/4/32".
 from __future__ import annotations
 
 import bisect
-import collections
 import math
-import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -101,34 +99,25 @@ def preset_factors(preset: str, ranks: int = 2) -> tuple:
 
 
 class Emulator:
-    """Sleeps inside each step of one rank as its slowdown factor says.
+    """Sleeps after each compute of one rank as its slowdown factor says.
 
-    The sleep is (s - 1) times this rank's typical compute for the step's batch: the median
-    per-sample compute time (forward plus backward, the sleep excluded) of its last `memory`
-    steps, times the batch. Sizing it from the step's own forward pass, times a backward ratio
-    read from the step before, made the emulated factor the product of two noisy readings:
-    on 2 ranks sharing 2 cores a factor of 4 measured about 6x, and a stall in one forward
-    pass became a sleep s - 1 times as long. Until a step has been recorded, the sleep is
-    sized from the forward pass, with backward taken as twice the forward.
+    The sleep is (s - 1) times the compute it follows, that step's forward and backward
+    passes as measured, so the step's compute becomes s times what it was. Sizing it instead
+    from the rank's recent steps, with the sleep between forward and backward, fed the
+    emulation's own side effects back into the factor: on 2 ranks sharing 2 cores the waiting
+    rank's spin slowed the sleeping rank's backward, the next sleep was sized from that slowed
+    backward, and a factor of 4 measured 5-7x against the rank at factor 1.
     """
 
-    def __init__(self, slowdown: Optional[Slowdown], rank: int, memory: int = 9,
+    def __init__(self, slowdown: Optional[Slowdown], rank: int,
                  sleep: Callable[[float], None] = time.sleep):
         self.slowdown, self.rank = slowdown, rank
-        self._per_sample = collections.deque(maxlen=memory)
         self._sleep = sleep
 
-    def after_forward(self, step: int, batch: int, forward_seconds: float) -> None:
-        """Sleep (s - 1) times the expected compute of `batch` samples."""
+    def after_compute(self, step: int, compute_seconds: float) -> None:
+        """Sleep (s - 1) times `compute_seconds`, what this rank's compute of `step` took."""
         if self.slowdown is None:
             return
         factor = self.slowdown.factor(step, self.rank)
-        if factor > 1:
-            expected = (statistics.median(self._per_sample) * batch if self._per_sample
-                        else 3.0 * forward_seconds)
-            self._sleep((factor - 1.0) * expected)
-
-    def after_backward(self, batch: int, compute_seconds: float) -> None:
-        """Record that `batch` samples took `compute_seconds` (forward plus backward)."""
-        if self.slowdown is not None and batch > 0 and compute_seconds > 0:
-            self._per_sample.append(compute_seconds / batch)
+        if factor > 1 and compute_seconds > 0:
+            self._sleep((factor - 1.0) * compute_seconds)

@@ -163,11 +163,8 @@ class ABSWindows:
             x, y = self.loader.fetch(indices)
             began = time.perf_counter()
             loss = F.cross_entropy(self.model(x), y, reduction="sum")
-            forward = time.perf_counter() - began
-            emulator.after_forward(self.step, len(indices), forward)
-            began = time.perf_counter()
             loss.backward()
-            emulator.after_backward(len(indices), forward + time.perf_counter() - began)
+            emulator.after_compute(self.step, time.perf_counter() - began)
             count, loss_sum = count + len(indices), loss_sum + loss.item()
             used.append(indices)
             self._note_reduction_done()

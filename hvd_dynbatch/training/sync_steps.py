@@ -2,7 +2,7 @@
 
 Each step trains this rank's slice of a planned split of the global batch, fed by the
 `DynamicBatching` loader (prefetched by `loader_workers` DataLoader processes), with the
-gradient weighted by b_i / B, a sleep between forward and backward if heterogeneity is
+gradient weighted by b_i / B, a sleep after backward if heterogeneity is
 emulated, and the optimizer step where Horovod's allreduce completes. `DynamicBatching` owns
 the rest: timing, the exchange every `adjust_every` steps, the controller.
 
@@ -120,11 +120,8 @@ class SynchronousSteps:
         if len(y):
             loss = F.cross_entropy(self.model(x), y)
             self.batching.record_loss(loss.item())
-            forward = self.batching.seconds_into_step()
-            emulator.after_forward(step, len(y), forward)
-            began = self.batching.seconds_into_step()
             loss.backward()
-            emulator.after_backward(len(y), forward + self.batching.seconds_into_step() - began)
+            emulator.after_compute(step, self.batching.seconds_into_step())
         # An empty slice (an epoch's short last step) has no backward: Horovod's synchronize
         # sends zeros for the gradients whose hooks did not fire.
         self.optimizer.step()

@@ -49,7 +49,9 @@ def train(config: TrainConfig, backend: Optional[Backend] = None) -> dict:
     defaults to the running Horovod job (initialised here). Raises `DynBatchError` for
     configuration that cannot work.
     """
-    backend = backend or HorovodBackend()
+    # Emulated slowdowns run ranks that share cores on purpose; a rank spinning in Horovod's
+    # wait would slow the emulated worker it waits for (see `backend.weighting`).
+    backend = backend or HorovodBackend(nap=2e-4 if config.slowdown else None)
     torch.set_num_threads(config.threads)
     comm = backend.communicator()
     # Elastic workers start at different times (a joiner while the others train), so only a
