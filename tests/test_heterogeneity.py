@@ -35,29 +35,37 @@ def test_world_size_mismatch_is_named():
 
 def _emulator(spec, rank):
     slept = []
-    return Emulator(Slowdown.parse(spec), rank, sleep=slept.append), slept
+    return Emulator(Slowdown.parse(spec), rank, memory=3, sleep=slept.append), slept
 
 
-def test_emulation_sleeps_until_the_compute_costs_the_factor_times_what_it_took():
+def test_emulation_sleeps_until_the_compute_costs_the_factor_times_the_typical_one():
     slow, slept = _emulator("0:1,3;5:1,1.5", 1)
-    slow.after_compute(0, 0.05)
-    slow.after_compute(4, 0.5)               # a stalled step: its sleep stalls with it
-    slow.after_compute(5, 0.1)               # the schedule's next entry
-    assert slept == [pytest.approx(0.1), pytest.approx(1.0), pytest.approx(0.05)]
+    slow.after_compute(0, 10, 0.05)          # 5 ms a sample: sleeps 2 x 50 ms
+    slow.after_compute(1, 20, 0.1)           # the same per sample at another batch
+    slow.after_compute(5, 10, 0.05)          # the schedule's next entry
+    assert slept == [pytest.approx(0.1), pytest.approx(0.2), pytest.approx(0.025)]
+
+
+def test_a_stall_lengthens_its_step_once_not_factor_times():
+    slow, slept = _emulator("1,4", 1)
+    for seconds in (0.05, 0.05, 0.5, 0.06):  # a stall among them; only the last 3 are kept
+        slow.after_compute(0, 10, seconds)
+    assert slept == [pytest.approx(3 * s) for s in (0.05, 0.05, 0.05, 0.06)]
 
 
 def test_a_rank_at_factor_one_or_without_compute_never_sleeps():
     fast, slept = _emulator("1,3", 0)
-    fast.after_compute(0, 0.05)
+    fast.after_compute(0, 10, 0.05)
     slow, slept_slow = _emulator("1,3", 1)
-    slow.after_compute(0, 0.0)
+    slow.after_compute(0, 0, 0.01)           # an empty slice
+    slow.after_compute(0, 10, 0.0)
     assert slept == [] and slept_slow == []
 
 
 def test_emulation_sleeps_for_real():
     slow = Emulator(Slowdown.parse("1,3"), 1)
     start = time.perf_counter()
-    slow.after_compute(0, 0.02)
+    slow.after_compute(0, 4, 0.02)
     assert time.perf_counter() - start >= 0.039
 
 

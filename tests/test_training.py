@@ -193,3 +193,16 @@ def test_standalone_rates_run_each_distinct_factor_once_alone():
     rates = standalone_rates(["1", "3", "1"], 32, ["--model", "linear", "--dataset", "digits"],
                              steps=8)
     assert sorted(rates) == ["1", "3"] and all(r > 0 for r in rates.values())
+
+
+def test_bf16_on_two_ranks_reaches_90_percent_on_the_digits(tmp_path):
+    metrics = tmp_path / "bf16.jsonl"
+    job = run_ranks(Launcher.GLOO, 2, [
+        *CLI, "train", "--model", "cnn", "--amp", "bf16", "--global-batch", "128",
+        "--lr", "0.1", "--epochs", "40", "--eval-every", "20", "--target-accuracy", "0.9",
+        "--slowdown", "1,2", "--metrics", str(metrics), "--no-progress"], timeout=300)
+    assert job.returncode == 0, job.explain()
+    summary = read_metrics(str(metrics))[-1]
+    assert summary["config"]["amp"] == "bf16"
+    assert summary["final_accuracy"] >= 0.9 and summary["time_to_target"] is not None
+    assert summary["weights_identical"], summary["weights_checksums"]

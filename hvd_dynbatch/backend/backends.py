@@ -25,6 +25,10 @@ class Backend(abc.ABC):
         """The communicator of the current world (call again after an elastic reset)."""
 
     @abc.abstractmethod
+    def local_rank(self) -> int:
+        """This rank's index among the ranks of its node (which GPU it takes)."""
+
+    @abc.abstractmethod
     def weighted_optimizer(self, optimizer, model, batching):
         """`optimizer` with gradients weighted by `batching.weight` and summed over the ranks,
         telling `batching` where each step is (see `weighting.DistributedOptimizer`)."""
@@ -51,6 +55,9 @@ class LocalBackend(Backend):
 
     def communicator(self) -> Communicator:
         return LocalCommunicator()
+
+    def local_rank(self) -> int:
+        return 0
 
     def weighted_optimizer(self, optimizer, model, batching):
         from .weighting import LocalOptimizer
@@ -84,6 +91,9 @@ class HorovodBackend(Backend):
         from .comm import for_horovod
 
         return for_horovod()
+
+    def local_rank(self) -> int:
+        return self._hvd.local_rank()
 
     def weighted_optimizer(self, optimizer, model, batching):
         from .weighting import DistributedOptimizer

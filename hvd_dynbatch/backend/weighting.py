@@ -11,7 +11,8 @@ each rank scales its own gradient by b_i / B before a `op=Sum` allreduce.
 `DistributedOptimizer` wraps `hvd.DistributedOptimizer` that way: a hook on every parameter
 multiplies the gradient by the current weight before it is accumulated into `.grad`, which is
 before Horovod's own hook starts the allreduce. The weight comes from a `DynamicBatching`
-(`batching=`), which the optimizer also tells when compute ends (`synchronize`) and when the
+(`batching=`), which the optimizer also tells when compute ends (`synchronize`, once the
+parameters' GPU has finished the step's kernels: see `device.wait_for_compute`) and when the
 step ends (`step`); without one, tell it each step's batch sizes with
 `set_batch_size(local, global)`; until then the weight is 1 / size, Horovod's plain average.
 
@@ -33,6 +34,7 @@ from typing import Callable, Iterable, Optional
 import torch
 
 from ..errors import DynBatchError
+from .device import parameters_device, wait_for_compute
 
 
 def drop_nonfinite_gradients(optimizer) -> bool:
@@ -92,6 +94,7 @@ class _BatchWeighted:
 
     def synchronize(self):
         if self._batching is not None:
+            wait_for_compute(parameters_device(self))
             self._batching.compute_done()
         if self._nap is not None:
             # Horovod keeps the gradients' allreduces in _handles, {param: (handle, ctx)}; a
@@ -163,6 +166,7 @@ class _LocalSteps:
     step is. `_base` is the user's class."""
 
     def synchronize(self) -> None:
+        wait_for_compute(parameters_device(self))
         self._batching.compute_done()
 
     def step(self, closure=None):

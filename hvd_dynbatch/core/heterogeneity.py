@@ -4,7 +4,7 @@ A rank with factor s sleeps (s - 1) times its compute in each step, so the step 
 would on hardware s times slower. A schedule changes the factors at given steps, to emulate
 transient interference. On a real cluster nothing is emulated.
 
-The sleep comes after backward, sized from the compute it follows (see `Emulator`). Horovod's
+The sleep comes after backward, sized from the rank's recent computes (see `Emulator`). Horovod's
 hooks have sent the gradients by then, so the other ranks finish that step's allreduce and
 start their next step while this rank sleeps; but that next step's allreduce waits for this
 rank, so they lead by one step at most and every rank runs at the emulated worker's pace. The
@@ -17,7 +17,9 @@ fastest worker 4 times the slowest) and CPU-core splits "cores:6/6/4/32".
 from __future__ import annotations
 
 import bisect
+import collections
 import math
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -101,23 +103,32 @@ def preset_factors(preset: str, ranks: int = 2) -> tuple:
 class Emulator:
     """Sleeps after each compute of one rank as its slowdown factor says.
 
-    The sleep is (s - 1) times the compute it follows, that step's forward and backward
-    passes as measured, so the step's compute becomes s times what it was. Sizing it instead
-    from the rank's recent steps, with the sleep between forward and backward, fed the
-    emulation's own side effects back into the factor: on 2 ranks sharing 2 cores the waiting
-    rank's spin slowed the sleeping rank's backward, the next sleep was sized from that slowed
-    backward, and a factor of 4 measured 5-7x against the rank at factor 1.
+    The sleep is (s - 1) times this rank's typical compute for the step's batch: the median
+    per-sample compute time (forward plus backward, the sleep excluded) of its last `memory`
+    steps, this one included, times the batch. A stall of the machine (another process, a
+    page fault) then lengthens the step once, as it would on slower hardware, not s times
+    as a sleep of (s - 1) times the step's own compute made it: in 2-rank jobs a 4x rank's
+    step times then spread by +-50% and the "model" rule, which reads such jumps as changes
+    of speed, never settled after the slowdown moved.
+
+    What the median is taken over must be clean: on 2 ranks sharing 2 cores, a rank spinning
+    in Horovod's wait slowed the sleeping rank's compute, the median grew with it, and a
+    factor of 4 measured 5-7x against the rank at factor 1. Ranks of an emulated run
+    therefore wait by napping (`backend.weighting.wait_napping`).
     """
 
-    def __init__(self, slowdown: Optional[Slowdown], rank: int,
+    def __init__(self, slowdown: Optional[Slowdown], rank: int, memory: int = 9,
                  sleep: Callable[[float], None] = time.sleep):
         self.slowdown, self.rank = slowdown, rank
+        self._per_sample = collections.deque(maxlen=memory)
         self._sleep = sleep
 
-    def after_compute(self, step: int, compute_seconds: float) -> None:
-        """Sleep (s - 1) times `compute_seconds`, what this rank's compute of `step` took."""
-        if self.slowdown is None:
+    def after_compute(self, step: int, batch: int, compute_seconds: float) -> None:
+        """Record that `batch` samples took `compute_seconds` in `step`, then sleep (s - 1)
+        times the typical compute of `batch` samples."""
+        if self.slowdown is None or batch <= 0 or compute_seconds <= 0:
             return
+        self._per_sample.append(compute_seconds / batch)
         factor = self.slowdown.factor(step, self.rank)
-        if factor > 1 and compute_seconds > 0:
-            self._sleep((factor - 1.0) * compute_seconds)
+        if factor > 1:
+            self._sleep((factor - 1.0) * statistics.median(self._per_sample) * batch)

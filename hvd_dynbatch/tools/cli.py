@@ -12,6 +12,7 @@ import sys
 
 import click
 
+from ..backend.device import PRECISIONS
 from ..core.controller import Rule
 from ..core.lr import RULES
 from ..core.simulator import SETTLED, RateDistribution, Scenario
@@ -109,6 +110,11 @@ def _configured(*decls, **kwargs):
 @_configured("--metrics", type=click.Path(), help="JSON-lines metrics file (rank 0).")
 @_configured("--save-model", type=click.Path(), help="Rank 0 writes the final state_dict.")
 @_configured("--threads", help="Compute threads per rank.")
+@_configured("--amp", type=click.Choice(list(PRECISIONS)),
+             help="Mixed precision of the forward pass: off (float32) or bf16 (bfloat16 "
+                  "autocast; weights, gradients and optimizer stay float32).")
+@_configured("--device", help="auto (each rank its node's GPU number local rank, where CUDA is "
+                               "there, else the CPU), cpu, cuda or cuda:N.")
 @_configured("--loader-workers",
              help="DataLoader processes that decode and prefetch steps (2 each); a new split "
                   "takes effect that many steps after the controller decides it.")

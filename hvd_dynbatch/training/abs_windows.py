@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..backend.backends import Backend
+from ..backend.device import autocast, parameters_device, to_device, wait_for_compute
 from ..core.abs_sgd import Window, next_micro_batch
 from ..core.sampler import ShardStream, StepPlan
 from ..data.loader import BatchLoader
@@ -54,6 +55,7 @@ class ABSWindows:
                                          momentum=rule.momentum(cfg.momentum))
         self.staleness = rule(self.optimizer)
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self.device = parameters_device(model)
         self.step = 0
         self.clock = 0.0              # training seconds: this rank's windows and exchanges
         self.exchange_seconds = 0.0
@@ -131,7 +133,7 @@ class ABSWindows:
         tail[0], tail[1] = loss_sum, float(self._stop_here)
         tail[_TAIL + self.comm.rank::size] = torch.tensor([count, compute,
                                                             self.reduce_seconds])
-        flat = torch.cat([p.grad.reshape(-1) for p in self.params] + [tail])
+        flat = torch.cat([p.grad.reshape(-1) for p in self.params] + [tail.to(self.device)])
         planned = self.plan.seconds
         self._apply_pending(lr)
         self.handle = (self.backend.allreduce_sum_async(flat, "abs_sgd.window"),
@@ -160,11 +162,13 @@ class ABSWindows:
             if size == 0:
                 return count, loss_sum, np.concatenate(used)
             indices = self.stream.take(size)
-            x, y = self.loader.fetch(indices)
+            x, y = to_device(self.loader.fetch(indices), self.device)
             began = time.perf_counter()
-            loss = F.cross_entropy(self.model(x), y, reduction="sum")
+            with autocast(self.device, self.cfg.amp):
+                loss = F.cross_entropy(self.model(x), y, reduction="sum")
             loss.backward()
-            emulator.after_compute(self.step, time.perf_counter() - began)
+            wait_for_compute(self.device)   # the window's clock runs on the GPU's work
+            emulator.after_compute(self.step, len(indices), time.perf_counter() - began)
             count, loss_sum = count + len(indices), loss_sum + loss.item()
             used.append(indices)
             self._note_reduction_done()

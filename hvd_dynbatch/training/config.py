@@ -12,6 +12,7 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..backend.device import check_amp, check_device_spec
 from ..core.abs_sgd import WindowRule
 from ..core.controller import BatchController, ControllerConfig, Rule
 from ..core.heterogeneity import Slowdown
@@ -106,6 +107,8 @@ class TrainConfig:
     metrics: Optional[str] = None
     save_model: Optional[str] = None
     threads: int = 1
+    device: str = "auto"
+    amp: str = "off"
     loader_workers: int = 0
     progress: bool = True
     warmup_steps: int = 0
@@ -182,6 +185,8 @@ class TrainConfig:
         self.base_schedule()
         if self.slowdown:
             Slowdown.parse(self.slowdown)
+        check_device_spec(self.device)
+        check_amp(self.amp)
 
     def controller_config(self, global_batch: Optional[int] = None,
                           least_batch: int = 1) -> ControllerConfig:

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..backend.backends import Backend
+from ..backend.device import autocast, parameters_device, to_device, wait_for_compute
 from ..data.loader import SplitDataset, as_is
 from .batching import DynamicBatching
 from .config import Batching, TrainConfig
@@ -32,8 +33,10 @@ class SynchronousSteps:
             adjust_every=cfg.adjust_every, timing_window=cfg.timing_window, seed=cfg.seed,
             least_batch=least_batch, empty_slices=True)
         workers = cfg.loader_workers
+        self.device = parameters_device(model)
         self.loader = self.batching.loader(num_workers=workers, collate_fn=as_is,
-                                           persistent_workers=workers > 0)
+                                           persistent_workers=workers > 0,
+                                           pin_memory=self.device.type == "cuda")
         self.optimizer = backend.weighted_optimizer(
             torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum),
             model, self.batching)
@@ -109,6 +112,7 @@ class SynchronousSteps:
         Collective: the allreduce, and every `adjust_every` steps the exchange.
         """
         x, y, skipped = self._next_batch()
+        x, y = to_device((x, y), self.device)
         self.skipped_samples += skipped
         plan = self.batching.plan
         step = self.batching.step
@@ -118,10 +122,14 @@ class SynchronousSteps:
             group["lr"] = lr
         self.optimizer.zero_grad()
         if len(y):
-            loss = F.cross_entropy(self.model(x), y)
-            self.batching.record_loss(loss.item())
+            with autocast(self.device, self.cfg.amp):
+                loss = F.cross_entropy(self.model(x), y)
             loss.backward()
-            emulator.after_compute(step, self.batching.seconds_into_step())
+            # The clock must not stop before the GPU has (see `device`); the optimizer's
+            # synchronize would wait there anyway, and the loss is read after it for free.
+            wait_for_compute(self.device)
+            emulator.after_compute(step, len(y), self.batching.seconds_into_step())
+            self.batching.record_loss(loss.item())
         # An empty slice (an epoch's short last step) has no backward: Horovod's synchronize
         # sends zeros for the gradients whose hooks did not fire.
         self.optimizer.step()

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from ..backend.backends import Backend, HorovodBackend
+from ..backend.device import parameters_device, resolve_device, to_device
 from ..backend.comm import Communicator
 from ..core.controller import BatchController
 from ..core.heterogeneity import Emulator, Slowdown
@@ -172,7 +173,9 @@ class Trainer:
         self.data = load_dataset(config.dataset, config.data_dir, config.seed, config.image_size,
                                  config.skip_bad_samples)
         torch.manual_seed(config.seed)
-        self.model = build_model(config.model, self.data.input_shape, self.data.num_classes)
+        self.device = resolve_device(config.device, backend.local_rank())
+        self.model = build_model(config.model, self.data.input_shape,
+                                 self.data.num_classes).to(self.device)
         self.steps = _strategy(config)(config, self.data, self.model, backend,
                                        least_batch(self.model))
         self.schedule = LRSchedule(config.lr, config.global_batch,
@@ -466,7 +469,7 @@ def evaluate(model, test, comm: Communicator, chunk: int = 512) -> dict:
     correct, top5, loss_sum = 0.0, 0.0, 0.0
     with torch.no_grad():
         for start in range(0, len(mine), chunk):
-            x, y = test.fetch(mine[start:start + chunk])
+            x, y = to_device(test.fetch(mine[start:start + chunk]), parameters_device(model))
             out = model(x)
             best = out.topk(min(5, out.shape[1]), dim=1).indices
             correct += (best[:, 0] == y).sum().item()
