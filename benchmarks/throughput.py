@@ -2,8 +2,12 @@
 
 In the spirit of Horovod's `pytorch_synthetic_benchmark.py`, but correct for batches that
 differ between ranks: the total is all ranks' samples over wall time, and each rank's rate is
-its own batch over its own compute time. It is one rank of a job, so it runs unchanged under
-any launcher:
+its own batch over its own compute time. Rank 0 first prints the figures in the format of
+Horovod's script (an "Iter #k" line per `--steps-per-iter` steady steps, the mean per device
++- 1.96 standard deviations, and the total), so they compare with the numbers users know; a
+device's share is the total over the number of devices, as the batches differ. Then one JSON
+line with the per-rank rates. It is one rank of a job, so it runs unchanged under any
+launcher:
 
     horovodrun -np 8 -H node1:4,node2:4 python benchmarks/throughput.py --model resnet50
     mpirun -np 8 --hostfile hosts python benchmarks/throughput.py --model resnet50
@@ -42,9 +46,37 @@ def rank_main(args) -> None:
         summary = train(TrainConfig(
             model=args.model, dataset="synthetic", global_batch=args.global_batch,
             epochs=1000, max_steps=args.steps, eval_every=100000, batching=args.batching[0],
-            slowdown=slowdown, metrics=metrics, progress=False, threads=args.threads))
+            slowdown=slowdown, metrics=metrics, progress=False, threads=args.threads,
+            device=args.device, amp=args.amp))
         if hvd.rank() == 0:
-            print(json.dumps(report(read_metrics(metrics), summary)))
+            records = read_metrics(metrics)
+            kind = "GPU" if summary["device"].startswith("cuda") else "CPU"
+            for line in horovod_lines(records, args.steps_per_iter, kind):
+                print(line)
+            print(json.dumps(report(records, summary)))
+
+
+def horovod_lines(records: list, steps_per_iter: int, device: str) -> list:
+    """The steady steps' figures as Horovod's synthetic benchmark prints them: samples/s per
+    device for each group of `steps_per_iter` steps (all ranks' samples over the group's wall
+    time, over the number of devices), their mean +- 1.96 standard deviations, and the total."""
+    steady = steady_steps(records)
+    devices = len(steady[-1]["batch_sizes"])
+    per_device = []
+    lines = [f"Model: {records[-1]['config']['model']}",
+             f"Batch size: {records[-1]['config']['global_batch']} over all devices",
+             f"Number of {device}s: {devices}"]
+    for k in range(len(steady) // steps_per_iter):
+        group = steady[k * steps_per_iter:(k + 1) * steps_per_iter]
+        rate = sum(r["global_batch"] for r in group) / sum(r["step_time"] for r in group)
+        per_device.append(rate / devices)
+        lines.append(f"Iter #{k}: {per_device[-1]:.1f} img/sec per {device}")
+    if not per_device:
+        return lines + [f"(fewer steady steps than --steps-per-iter {steps_per_iter})"]
+    mean, conf = statistics.mean(per_device), 1.96 * statistics.pstdev(per_device)
+    return lines + [f"Img/sec per {device}: {mean:.1f} +-{conf:.1f}",
+                    f"Total img/sec on {devices} {device}(s): {devices * mean:.1f} "
+                    f"+-{devices * conf:.1f}"]
 
 
 def report(records: list, summary: dict) -> dict:
@@ -73,6 +105,11 @@ def main():
                         choices=["static", "dynamic", "abs"],
                         help="One under a launcher; with --local, each in turn.")
     parser.add_argument("--threads", type=int, default=1, help="Compute threads per rank.")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N.")
+    parser.add_argument("--amp", default="off", choices=["off", "bf16"],
+                        help="Mixed precision of the forward pass.")
+    parser.add_argument("--steps-per-iter", type=int, default=10,
+                        help="Steps per 'Iter' line (Horovod's --num-batches-per-iter).")
     parser.add_argument("--slowdown", help="Emulated slowdown per rank, e.g. 1,4.")
     parser.add_argument("--preset", help="Emulated heterogeneity preset, e.g. HL4.")
     parser.add_argument("--local", type=int, metavar="N",

@@ -13,12 +13,18 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 def test_throughput_runs_as_ranks_of_an_mpirun_job():
     job = run_ranks(Launcher.MPIRUN, 2, [
         PYTHON, str(BENCHMARKS / "throughput.py"), "--model", "linear", "--steps", "6",
-        "--global-batch", "32", "--slowdown", "1,3"], timeout=180)
+        "--global-batch", "32", "--slowdown", "1,3", "--steps-per-iter", "3"],
+        timeout=180)
     assert job.returncode == 0, job.explain()
     [report] = job.records
     assert report["world_size"] == 2 and sum(report["final_split"]) == 32
     assert len(report["rank_samples_per_sec"]) == 2 and min(report["rank_samples_per_sec"]) > 0
     assert report["steady_samples_per_sec"] > 0
+    # Before it, rank 0's figures as Horovod's synthetic benchmark prints them.
+    out = job.job.stdout
+    iters = [line for line in out.splitlines() if "Iter #" in line]
+    assert "Number of CPUs: 2" in out and len(iters) == 1, out
+    assert "img/sec per CPU" in iters[0] and "Total img/sec on 2 CPU(s):" in out, out
 
 
 def test_make_imagefolder_writes_a_trainable_folder(tmp_path):
@@ -29,3 +35,22 @@ def test_make_imagefolder_writes_a_trainable_folder(tmp_path):
     assert len(list((tmp_path / "train").glob("class0*/*.jpg"))) == 12
     assert sorted(p.name for p in (tmp_path / "val").iterdir()) == ["class00", "class01",
                                                                    "class02"]
+
+
+def test_throughput_prints_horovods_figures_from_the_steady_steps():
+    sys.path.insert(0, str(BENCHMARKS))
+    from throughput import horovod_lines
+
+    config = {"model": "cnn", "global_batch": 64}
+    # 2 start-up steps (the quarter skipped), then 2 groups of 3: 64 x 3 samples in 0.6 s and 0.4 s.
+    times = [1.0] * 2 + [0.2] * 3 + [0.4 / 3] * 3
+    records = [{"type": "step", "step": k, "global_batch": 64, "batch_sizes": [48, 16],
+                "step_time": t} for k, t in enumerate(times)]
+    lines = horovod_lines(records + [{"type": "summary", "config": config}], 3, "GPU")
+    per_device = [64 * 3 / 0.6 / 2, 64 * 3 / 0.4 / 2]          # 160 and 240
+    mean, conf = 200.0, 1.96 * 40.0
+    assert lines == ["Model: cnn", "Batch size: 64 over all devices", "Number of GPUs: 2",
+                     f"Iter #0: {per_device[0]:.1f} img/sec per GPU",
+                     f"Iter #1: {per_device[1]:.1f} img/sec per GPU",
+                     f"Img/sec per GPU: {mean:.1f} +-{conf:.1f}",
+                     f"Total img/sec on 2 GPU(s): {2 * mean:.1f} +-{2 * conf:.1f}"]

@@ -1,6 +1,6 @@
-"""Where a rank computes: the --device choice, batches moved there, the --amp precision, and the
-clock that waits for the GPU. The CUDA paths that can be reached without a GPU run against a stand-in for
-`torch.cuda`; the ones that need a GPU are marked and skip here."""
+"""Where a rank computes: the --device choice, batches moved there, the --amp precision, and
+the clock that waits for the GPU. The CUDA paths that can be reached without a GPU run
+against a stand-in for `torch.cuda`; the ones that need a GPU are marked and skip here."""
 import time
 
 import pytest

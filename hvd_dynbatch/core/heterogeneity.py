@@ -107,9 +107,9 @@ class Emulator:
     per-sample compute time (forward plus backward, the sleep excluded) of its last `memory`
     steps, this one included, times the batch. A stall of the machine (another process, a
     page fault) then lengthens the step once, as it would on slower hardware, not s times
-    as a sleep of (s - 1) times the step's own compute made it: in 2-rank jobs a 4x rank's
-    step times then spread by +-50% and the "model" rule, which reads such jumps as changes
-    of speed, never settled after the slowdown moved.
+    as a sleep of (s - 1) times the step's own compute made it: in a 2-rank job a 4x rank's
+    compute at batch 30 then ranged 126-315 ms over 10 steps, and the "model" rule, which
+    reads such jumps as changes of speed, did not settle after the slowdown moved.
 
     What the median is taken over must be clean: on 2 ranks sharing 2 cores, a rank spinning
     in Horovod's wait slowed the sleeping rank's compute, the median grew with it, and a

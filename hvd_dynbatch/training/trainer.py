@@ -434,6 +434,7 @@ class Trainer:
             "batching": cfg.batching.value,
             "controller": cfg.controller.value if cfg.batching is Batching.DYNAMIC else None,
             "world_size": self.comm.size,
+            "device": str(self.device),
             "elastic_generations": run.generation if cfg.elastic else None,
             "exchange_backend": self.comm.backend,
             "steps": steps.step,
