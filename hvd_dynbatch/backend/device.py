@@ -30,12 +30,11 @@ import torch
 
 from ..errors import DynBatchError
 
-DEVICES = ("auto", "cpu", "cuda", "cuda:N")
 PRECISIONS = {"off": None, "bf16": torch.bfloat16}
 
 
 def check_device_spec(spec: str) -> None:
-    """Raise `DynBatchError` unless `spec` is one of `DEVICES` (N a GPU's index)."""
+    """Raise `DynBatchError` unless `spec` is auto, cpu, cuda or cuda:N (N a GPU's index)."""
     if spec in ("auto", "cpu", "cuda"):
         return
     if spec.startswith("cuda:") and spec[5:].isdigit():

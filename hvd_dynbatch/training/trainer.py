@@ -466,11 +466,12 @@ def evaluate(model, test, comm: Communicator, chunk: int = 512) -> dict:
     Collective: every rank calls it.
     """
     mine = np.arange(comm.rank, len(test), comm.size)
+    device = parameters_device(model)
     model.eval()
     correct, top5, loss_sum = 0.0, 0.0, 0.0
     with torch.no_grad():
         for start in range(0, len(mine), chunk):
-            x, y = to_device(test.fetch(mine[start:start + chunk]), parameters_device(model))
+            x, y = to_device(test.fetch(mine[start:start + chunk]), device)
             out = model(x)
             best = out.topk(min(5, out.shape[1]), dim=1).indices
             correct += (best[:, 0] == y).sum().item()
