@@ -43,13 +43,20 @@ spread of 8, "pid" needed 20 adjustments at 64 workers to hold 95% of the ideal.
 fits each worker's line and jumps to where the lines meet:
 
 * each worker's readings (b, t) give a_i and c_i by least squares, the older ones weighing
-  less (by 1 - 1/`memory` per adjustment), once their batches spread by a standard deviation
-  of at least `identify` of their mean; with a_i < 0 the line is refitted through the origin; a fit that leaves no batch-dependent part (a_i >= 95% of the mean time) is no
-  fit. A worker whose batches do not spread (at the even split it starts from, or long
-  settled) keeps the fixed cost of its last fit, its slope taken from its mean reading; a
-  worker never fitted is proportional (a_i = 0), so the rule starts as "p" does;
-* a reading further than `change_threshold` from its worker's fitted line is a real change
-  of speed: the worker's readings and fixed cost are forgotten;
+  less (by 1 - 1/`memory` per adjustment); with a_i < 0 the line is refitted through the
+  origin. A fit claiming the fixed share f = a_i / mean(t) counts once the batches spread
+  by a standard deviation of at least `identify` / (1 - f) of their mean: the move to where
+  the lines meet is 1 / (1 - f) times the proportional rule's, and so is the noise of the
+  readings it carries (in the cluster model with 5% noise, two readings 8% apart claimed
+  f = 0.95 and sent a worker to twice its ideal batch). A worker whose batches do not spread
+  enough (at the even split it starts from, or long settled) keeps the fixed cost of its
+  last fit, its slope taken from its mean reading; a worker never fitted is proportional
+  (a_i = 0), so the rule starts as "p" does;
+* a reading further than `change_threshold` from its worker's line is a real change of
+  speed: the worker's readings and fixed cost are forgotten. A proportional line only
+  bounds the time at another batch (between the time at the readings' mean batch and that
+  times b / mean(b), whatever the fixed cost), so the distance it is allowed grows by that
+  ratio;
 * the split is the one that makes the predicted times equal: T with
   sum_i clip((T - a_i) / c_i, min_batch, max_batch) = B, solved by water-filling (a worker
   pinned at a bound takes no further share) and rounded by largest remainder, B exact;
@@ -100,8 +107,9 @@ class ControllerConfig:
         default).
     change_threshold: relative distance of a reading from the estimate that restarts the
         average, a real change of the worker's speed ("pid"; "model": from the fitted line).
-    identify: spread of a worker's batches (standard deviation over mean) from which its
-        fixed cost is fitted ("model").
+    identify: spread of a worker's batches (standard deviation over mean) from which a fit
+        with no fixed cost counts; one claiming the fixed share f needs identify / (1 - f)
+        ("model").
     """
 
     global_batch: int
@@ -115,7 +123,7 @@ class ControllerConfig:
     max_change: float = 0.5
     memory: Optional[int] = None
     change_threshold: float = 0.25
-    identify: float = 0.03
+    identify: float = 0.02
 
     # Each rule's own defaults. "model" moves to its fitted target at once, so its split
     # carries the noise of its fits; a longer memory and a narrower dead-band held more of
@@ -337,9 +345,12 @@ class BatchController:
             st.moments, st.fixed = np.zeros((5, n)), np.full(n, np.nan)
         else:
             fixed, slope, calibrated, mean_b = self._fit()
-            # An uncalibrated line is only proportional: it predicts near its readings only.
-            checked = calibrated | (np.abs(b / mean_b - 1) < cfg.identify)
-            changed = checked & (np.abs(t / (fixed + slope * b) - 1) > cfg.change_threshold)
+            # An uncalibrated line runs through the origin and its readings' mean, so an
+            # unknown fixed cost puts its prediction anywhere between the reading's time and
+            # that time times b / mean_b: a change must be off the line by more than that.
+            leeway = np.where(calibrated, 0.0, np.abs(np.log(b / mean_b)))
+            off = np.abs(np.log(t / (fixed + slope * b)))
+            changed = off > np.log1p(cfg.change_threshold) + leeway
             st.moments[:, changed], st.fixed[changed] = 0.0, np.nan
         forget = 1 - 1 / cfg.memory
         st.moments = forget * st.moments + np.array([np.ones(n), b, t, b * b, b * t])
@@ -387,12 +398,15 @@ class BatchController:
             var_b = np.maximum(sum_bb / weight - mean_b * mean_b, 0.0)
             slope = (sum_bt / weight - mean_b * mean_t) / var_b
             fixed = mean_t - slope * mean_b
-            # Two readings or more (the second weighs 1 - 1/memory) whose batches spread.
-            fitted = (weight > 1.5) & (np.sqrt(var_b) >= cfg.identify * mean_b) & (slope > 0)
+            # Two readings or more (the second weighs 1 - 1/memory) whose batches spread
+            # enough for the fixed share f = fixed / mean_t the fit claims: a move to the
+            # equal-time point is 1 / (1 - f) times the proportional one, and so is the noise
+            # it carries, so a fit needs its batches spread by identify / (1 - f).
+            fitted = (weight > 1.5) & (slope > 0)
             origin = fitted & (fixed < 0)
             slope = np.where(origin, sum_bt / sum_bb, slope)
             fixed = np.where(origin, 0.0, fixed)
-            fitted &= fixed < 0.95 * mean_t
+            fitted &= np.sqrt(var_b) * (mean_t - fixed) >= cfg.identify * mean_b * mean_t
             st.fixed = np.where(fitted, fixed, st.fixed)
             known = ~fitted & (st.fixed < mean_t)
             fixed = np.where(fitted, fixed, np.where(known, st.fixed, 0.0))
