@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 
+from hvd_dynbatch.backend.device import PRECISIONS
 from hvd_dynbatch.core.heterogeneity import preset_factors
 from hvd_dynbatch.training.metrics import steady_steps, steady_throughput
 
@@ -47,7 +48,8 @@ def rank_main(args) -> None:
             model=args.model, dataset="synthetic", global_batch=args.global_batch,
             epochs=1000, max_steps=args.steps, eval_every=100000, batching=args.batching[0],
             slowdown=slowdown, metrics=metrics, progress=False, threads=args.threads,
-            device=args.device, amp=args.amp))
+            device=args.device, amp=args.amp, fp16_allreduce=args.fp16_allreduce,
+            channels_last=args.channels_last, cudnn_benchmark=args.cudnn_benchmark))
         if hvd.rank() == 0:
             records = read_metrics(metrics)
             kind = "GPU" if summary["device"].startswith("cuda") else "CPU"
@@ -106,8 +108,10 @@ def main():
                         help="One under a launcher; with --local, each in turn.")
     parser.add_argument("--threads", type=int, default=1, help="Compute threads per rank.")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N.")
-    parser.add_argument("--amp", default="off", choices=["off", "bf16"],
+    parser.add_argument("--amp", default="off", choices=list(PRECISIONS),
                         help="Mixed precision of the forward pass.")
+    for flag in ("--fp16-allreduce", "--channels-last", "--cudnn-benchmark"):
+        parser.add_argument(flag, action="store_true", help="As `hvd-dynbatch train`'s.")
     parser.add_argument("--steps-per-iter", type=int, default=10,
                         help="Steps per 'Iter' line (Horovod's --num-batches-per-iter).")
     parser.add_argument("--slowdown", help="Emulated slowdown per rank, e.g. 1,4.")

@@ -7,6 +7,10 @@
 #      outside the clone, keyed by the Horovod, torch and Python versions;
 #   4. this package in editable mode;
 #   5. a check that `horovodrun --check-build` lists PyTorch, MPI and Gloo.
+# On a machine with an NVIDIA GPU (nvidia-smi lists one; HVD_DYNBATCH_GPU=0 or 1 overrides)
+# torch is PyPI's CUDA build instead, and Horovod is built with NCCL for the GPU operations,
+# against the machine's CUDA toolkit (CUDA_HOME, or nvcc on PATH) or, where there is none,
+# one assembled from NVIDIA's PyPI packages; its check must then list NCCL too.
 # A second run on a ready machine only verifies and returns within seconds.
 set -euo pipefail
 
@@ -21,6 +25,9 @@ PY=$VENV/bin/python
 run_pip() { "$PY" -m pip "$@" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2); }
 say() { printf '[setup] %s\n' "$*" >&2; }
 die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
+
+# 1 where this machine trains on NVIDIA GPUs.
+GPU=${HVD_DYNBATCH_GPU:-$( (nvidia-smi -L 2>/dev/null || true) | grep -q '^GPU ' && echo 1 || echo 0)}
 
 as_root() {
     if [ "$(id -u)" -eq 0 ]; then "$@"
@@ -46,12 +53,15 @@ python_packages() {
     # The stamp records what the last successful install was made from, so a ready
     # environment skips pip entirely.
     local want stamp=$VENV/.hvd-dynbatch-deps
-    want=$(cat "$ROOT/setup.cfg" "$ROOT/scripts/setup.sh" | sha256sum | cut -d' ' -f1)
+    want=$( (cat "$ROOT/setup.cfg" "$ROOT/scripts/setup.sh"; echo "gpu=$GPU") | sha256sum | cut -d' ' -f1)
     if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return; fi
     say "installing Python packages into $VENV"
     run_pip install -q --upgrade pip setuptools wheel
     run_pip install -q "torch==$TORCH_VERSION" \
         || die "pip could not install torch==$TORCH_VERSION"
+    if [ "$GPU" = 1 ] && [ -z "$(torch_cuda)" ]; then
+        die "this machine has a GPU but torch $TORCH_VERSION was installed without CUDA; install your site's CUDA build of torch $TORCH_VERSION into $VENV, then run the set-up again"
+    fi
     # Horovod's build needs these in the environment (it is built without isolation).
     run_pip install -q cloudpickle psutil pyyaml packaging cffi
     horovod_wheel
@@ -59,13 +69,19 @@ python_packages() {
     echo "$want" >"$stamp"
 }
 
+# The CUDA version torch was built with ("12.8"), empty for a CPU build.
+torch_cuda() { "$PY" -c 'import torch; print(torch.version.cuda or "")'; }
+
 horovod_wheel() {
-    if "$PY" -c "import horovod, horovod.torch; assert horovod.__version__ == '$HOROVOD_VERSION'" 2>/dev/null; then
+    local ready="assert horovod.__version__ == '$HOROVOD_VERSION'"
+    [ "$GPU" = 1 ] && ready="$ready and horovod.torch.nccl_built()"
+    if "$PY" -c "import horovod, horovod.torch; $ready" 2>/dev/null; then
         return
     fi
     local pyver key dir
     pyver=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
     key="horovod-$HOROVOD_VERSION-torch-$TORCH_VERSION-$pyver"
+    [ "$GPU" = 1 ] && key="$key-cu$(torch_cuda | tr -d .)-nccl"
     dir=$CACHE/wheels/$key
     if ! ls "$dir"/horovod-*.whl >/dev/null 2>&1; then
         build_horovod "$dir"
@@ -88,9 +104,16 @@ build_horovod() {
     grep -q 'CMAKE_CXX_STANDARD 17' "$src/horovod/torch/CMakeLists.txt" \
         || die "the C++17 fix did not apply to $src/horovod/torch/CMakeLists.txt"
     mkdir -p "$out"
-    if ! HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
-        HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 HOROVOD_CPU_OPERATIONS=GLOO MAKEFLAGS=-j2 \
-        run_pip wheel --no-build-isolation --no-deps -w "$work/dist" "$src" >"$work/build.log" 2>&1; then
+    local operations=(HOROVOD_CPU_OPERATIONS=GLOO) cuda nccl
+    if [ "$GPU" = 1 ]; then
+        cuda=$(cuda_home) || exit 1
+        nccl=$(nccl_home) || exit 1
+        operations=(HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_LINK=SHARED
+                    "HOROVOD_CUDA_HOME=$cuda" "HOROVOD_NCCL_HOME=$nccl")
+    fi
+    if ! env HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
+        HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 "${operations[@]}" MAKEFLAGS=-j2 \
+        "$PY" -m pip wheel --no-build-isolation --no-deps -w "$work/dist" "$src" >"$work/build.log" 2>&1; then
         tail -30 "$work/build.log" >&2
         die "the Horovod build failed; full log: $work/build.log"
     fi
@@ -99,11 +122,78 @@ build_horovod() {
     say "cached the Horovod wheel in $out"
 }
 
+# NVIDIA's PyPI packages for torch's CUDA version: CUDA 12's carry a -cu12 suffix, CUDA 13's
+# none (their NCCL: -cu13).
+cuda_packages() {
+    local version major
+    version=$(torch_cuda); major=${version%%.*}
+    if [ "$major" -le 12 ]; then
+        echo "nvidia-cuda-nvcc-cu$major==$version.* nvidia-cuda-runtime-cu$major==$version.* nvidia-cuda-cccl-cu$major==$version.* nvidia-nccl-cu$major"
+    else
+        echo "nvidia-cuda-nvcc==$version.* nvidia-cuda-runtime==$version.* nvidia-cuda-cccl==$version.* nvidia-nccl-cu$major"
+    fi
+}
+
+# The first file named $1 below NVIDIA's packages in the environment.
+nvidia_file() {
+    local site
+    site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    find "$site/nvidia" -name "$1" -print -quit 2>/dev/null
+}
+
+# A CUDA toolkit for the build: CUDA_HOME, the one nvcc on PATH belongs to, or one put
+# together from NVIDIA's PyPI packages under the cache (nvcc finds its own parts relative to
+# its binary, so the headers and libraries are copied beside it, not linked).
+cuda_home() {
+    if [ -n "${CUDA_HOME:-}" ] && [ -x "$CUDA_HOME/bin/nvcc" ]; then echo "$CUDA_HOME"; return; fi
+    if command -v nvcc >/dev/null; then dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")"; return; fi
+    local home=$CACHE/cuda-$(torch_cuda)
+    if [ ! -x "$home/bin/nvcc" ]; then
+        say "no CUDA toolkit here: assembling one in $home from PyPI ($(cuda_packages))"
+        # shellcheck disable=SC2046
+        run_pip install -q $(cuda_packages) >&2 || die "pip could not install $(cuda_packages)"
+        local nvcc runtime cccl
+        nvcc=$(nvidia_file nvcc); runtime=$(nvidia_file cuda_runtime.h); cccl=$(nvidia_file cub)
+        [ -n "$nvcc" ] && [ -n "$runtime" ] || die "NVIDIA's packages have no nvcc or cuda_runtime.h"
+        rm -rf "$home.tmp" && mkdir -p "$home.tmp/lib64"
+        cp -a "$(dirname "$(dirname "$nvcc")")/." "$home.tmp/"
+        cp -a "$(dirname "$runtime")/." "$home.tmp/include/"
+        [ -n "$cccl" ] && cp -a "$(dirname "$cccl")/." "$home.tmp/include/"
+        cp -a "$(dirname "$(dirname "$runtime")")"/lib/. "$home.tmp/lib64/"
+        local cudart
+        cudart=$(find "$home.tmp/lib64" -name 'libcudart.so.*' -print -quit)
+        [ -n "$cudart" ] && ln -sf "$(basename "$cudart")" "$home.tmp/lib64/libcudart.so"
+        mv "$home.tmp" "$home"
+    fi
+    echo "$home"
+}
+
+# NCCL's headers and a libnccl.so to link, from the nvidia-nccl package that CUDA torch
+# depends on (it ships libnccl.so.2 only).
+nccl_home() {
+    local header home=$CACHE/nccl-$(torch_cuda)
+    header=$(nvidia_file nccl.h)
+    if [ -z "$header" ]; then
+        # shellcheck disable=SC2046
+        run_pip install -q $(cuda_packages | tr ' ' '\n' | grep nccl) >&2
+        header=$(nvidia_file nccl.h)
+    fi
+    [ -n "$header" ] || die "found no nccl.h in NVIDIA's packages; set HOROVOD_NCCL_HOME by hand"
+    local lib
+    lib=$(find "$(dirname "$(dirname "$header")")/lib" -name 'libnccl.so*' -print -quit)
+    mkdir -p "$home/lib"
+    ln -sfn "$(dirname "$header")" "$home/include"
+    ln -sf "$lib" "$home/lib/libnccl.so"
+    echo "$home"
+}
+
 check_build() {
     local report
     report=$("$VENV/bin/horovodrun" --check-build 2>&1) || die "horovodrun --check-build failed: $report"
     local need
-    for need in PyTorch MPI Gloo; do
+    local needs=(PyTorch MPI Gloo)
+    [ "$GPU" = 1 ] && needs+=(NCCL)
+    for need in "${needs[@]}"; do
         grep -Eq "\[X\] $need\b" <<<"$report" \
             || die "Horovod was built without $need; horovodrun --check-build says:
 $report
@@ -118,4 +208,8 @@ if [ ! -x "$PY" ]; then
 fi
 python_packages
 check_build
-say "ready: $VENV (Horovod $HOROVOD_VERSION with PyTorch, MPI and Gloo)"
+if [ "$GPU" = 1 ]; then
+    say "ready: $VENV (Horovod $HOROVOD_VERSION with PyTorch, MPI, Gloo and NCCL; CUDA $(torch_cuda))"
+else
+    say "ready: $VENV (Horovod $HOROVOD_VERSION with PyTorch, MPI and Gloo)"
+fi

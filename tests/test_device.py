@@ -1,7 +1,9 @@
 """Where a rank computes: the --device choice, batches moved there, the --amp precision, and
 the clock that waits for the GPU. The CUDA paths that can be reached without a GPU run
 against a stand-in for `torch.cuda`; the ones that need a GPU are marked and skip here."""
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -172,7 +174,7 @@ def test_bf16_autocast_runs_the_forward_pass_in_bfloat16_and_off_in_float32():
 
 
 def test_an_unknown_precision_is_refused_with_the_choices_named():
-    with pytest.raises(DynBatchError, match="unknown --amp 'fp8': choose off or bf16"):
+    with pytest.raises(DynBatchError, match="unknown --amp 'fp8': choose off, bf16 or fp16"):
         TrainConfig(amp="fp8")
 
 
@@ -197,3 +199,13 @@ def test_a_bf16_run_on_the_cpu_keeps_float32_weights_and_learns(tmp_path, batchi
     assert losses != full_losses                    # the forward pass did run in bfloat16
     assert sum(losses[-5:]) < 0.4 * sum(losses[:5]), losses
     assert summary["final_accuracy"] > 0.6
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_the_gpu_check_script_stops_at_once_where_there_is_no_gpu(tmp_path):
+    script = Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.sh"
+    done = subprocess.run(["bash", str(script), str(tmp_path / "out")], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2, done
+    assert done.stderr.startswith("gpu_check: no NVIDIA GPU here") and not done.stdout
+    assert not (tmp_path / "out").exists()   # nothing set up, nothing written

@@ -29,9 +29,12 @@ class Backend(abc.ABC):
         """This rank's index among the ranks of its node (which GPU it takes)."""
 
     @abc.abstractmethod
-    def weighted_optimizer(self, optimizer, model, batching):
-        """`optimizer` with gradients weighted by `batching.weight` and summed over the ranks,
-        telling `batching` where each step is (see `weighting.DistributedOptimizer`)."""
+    def weighted_optimizer(self, optimizer, model, batching, scaler=None,
+                           fp16_allreduce: bool = False):
+        """`optimizer` with gradients weighted by `batching.weight` and summed over the ranks
+        (as float16 with `fp16_allreduce`), telling `batching` where each step is, and with
+        `scaler` the loss scaler's part done after the sum (see
+        `weighting.DistributedOptimizer`)."""
 
     @abc.abstractmethod
     def broadcast_parameters(self, model) -> None:
@@ -59,10 +62,11 @@ class LocalBackend(Backend):
     def local_rank(self) -> int:
         return 0
 
-    def weighted_optimizer(self, optimizer, model, batching):
+    def weighted_optimizer(self, optimizer, model, batching, scaler=None,
+                           fp16_allreduce: bool = False):
         from .weighting import LocalOptimizer
 
-        return LocalOptimizer(optimizer, batching)
+        return LocalOptimizer(optimizer, batching, scaler)
 
     def broadcast_parameters(self, model) -> None:
         pass
@@ -95,11 +99,14 @@ class HorovodBackend(Backend):
     def local_rank(self) -> int:
         return self._hvd.local_rank()
 
-    def weighted_optimizer(self, optimizer, model, batching):
+    def weighted_optimizer(self, optimizer, model, batching, scaler=None,
+                           fp16_allreduce: bool = False):
         from .weighting import DistributedOptimizer
 
+        compression = self._hvd.Compression.fp16 if fp16_allreduce else self._hvd.Compression.none
         return DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                    batching=batching, nap=self._nap)
+                                    batching=batching, nap=self._nap, scaler=scaler,
+                                    compression=compression)
 
     def broadcast_parameters(self, model) -> None:
         self._hvd.broadcast_parameters(model.state_dict(), root_rank=0)

@@ -11,7 +11,17 @@ overlaps the work already queued.
 safe (matrix products and convolutions; losses and reductions stay in float32), on the GPU
 and on the CPU alike. bfloat16 has float32's exponent range, so gradients neither overflow nor
 underflow and no loss scaling is needed; the weights, the gradients Horovod sums and the
-optimizer's state stay float32. "off" is plain float32.
+optimizer's state stay float32. "fp16" runs it in float16, whose range is narrow: small
+gradients underflow to zero unless the loss is scaled up before backward, and the scale must
+be lowered when a gradient overflows. `loss_scaler` gives the `torch.amp.GradScaler` for it;
+the weighted optimizer (`weighting`) unscales and screens the gradients after Horovod has
+summed them, so every rank takes the same skip-or-step decision. "off" is plain float32.
+
+`channels_last` stores images as NHWC, which the tensor cores of recent GPUs convolve
+fastest: `to_device(..., channels_last=True)` lays out each batch of images so, and the
+convolutions' outputs follow the input's layout. The weights stay NCHW: Horovod broadcasts and
+reduces contiguous tensors only ("Tensor is required to be contiguous", horovod#3491), and a
+gradient takes its parameter's layout, so NCHW weights keep every gradient Horovod can sum.
 
 CUDA kernels run asynchronously: after `loss.backward()` returns, the CPU has only queued
 them, and a clock read then measures how fast it queued, not how long the GPU computed. The
@@ -30,7 +40,7 @@ import torch
 
 from ..errors import DynBatchError
 
-PRECISIONS = {"off": None, "bf16": torch.bfloat16}
+PRECISIONS = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def check_device_spec(spec: str) -> None:
@@ -67,7 +77,8 @@ def resolve_device(spec: str, local_rank: int) -> torch.device:
 def check_amp(amp: str) -> None:
     """Raise `DynBatchError` unless `amp` is one of `PRECISIONS`."""
     if amp not in PRECISIONS:
-        raise DynBatchError(f"unknown --amp '{amp}': choose {' or '.join(PRECISIONS)}")
+        *others, last = PRECISIONS
+        raise DynBatchError(f"unknown --amp '{amp}': choose {', '.join(others)} or {last}")
 
 
 def autocast(device: torch.device, amp: str):
@@ -78,9 +89,21 @@ def autocast(device: torch.device, amp: str):
     return torch.autocast(device.type, dtype=PRECISIONS[amp])
 
 
-def to_device(tensors, device: torch.device) -> tuple:
-    """`tensors` on `device`; a copy from pinned memory does not block."""
-    return tuple(t.to(device, non_blocking=t.is_pinned()) for t in tensors)
+def loss_scaler(device: torch.device, amp: str):
+    """The loss scaler precision `amp` needs on `device`: a `torch.amp.GradScaler` for
+    "fp16", None otherwise."""
+    check_amp(amp)
+    return torch.amp.GradScaler(device.type) if amp == "fp16" else None
+
+
+def to_device(tensors, device: torch.device, channels_last: bool = False) -> tuple:
+    """`tensors` on `device`; a copy from pinned memory does not block. With
+    `channels_last`, batches of images (4-D) are laid out NHWC."""
+    moved = (t.to(device, non_blocking=t.is_pinned()) for t in tensors)
+    if not channels_last:
+        return tuple(moved)
+    return tuple(t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
+                 for t in moved)
 
 
 def parameters_device(module_or_optimizer) -> torch.device:

@@ -21,6 +21,14 @@ are not all finite (a NaN or infinite loss) changes neither the weights nor the 
 state, and `finite` says so afterwards. The reduced gradients are the same on every rank, so
 every rank decides alike, without a word exchanged.
 
+With a loss scaler (`scaler=`, a `torch.amp.GradScaler`, for float16 autocast) the loss is
+scaled before backward (`scaler.scale(loss).backward()`) and `step()` does the scaler's part
+after the allreduce, as Horovod's recipe for gradient clipping places it: it unscales the
+summed gradients, screens them, and updates the scale. A step whose gradients overflowed is
+skipped on every rank alike and the scale backs off; `overflowed` says so. Call
+`optimizer.step()`, not `scaler.step(optimizer)`. A scale that has backed off to 1 or below
+means the gradients are not finite even unscaled: such a step is an ordinary non-finite one.
+
 Horovod's wait for an allreduce loops with a thread yield and never sleeps, so a rank that
 finishes its compute first holds a core while it waits. Where ranks share cores on purpose
 (emulated heterogeneity on one machine) that slows the ranks still computing, so there the
@@ -77,6 +85,26 @@ def batch_weight(local_batch: int, global_batch: int) -> float:
     return local_batch / global_batch
 
 
+def screened_step(optimizer, step: Callable, closure=None):
+    """Call `step(closure)` on gradients that are unscaled (with a loss scaler) and screened
+    (see the module docstring); set `optimizer.finite` and `optimizer.overflowed`."""
+    scaler = optimizer._scaler
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    optimizer.finite = drop_nonfinite_gradients(optimizer)
+    optimizer.overflowed = (scaler is not None and not optimizer.finite
+                            and scaler.get_scale() > 1)
+    if scaler is not None:
+        scaler.update()
+    return step(closure)
+
+
+def _attach(optimizer, batching, scaler) -> None:
+    """Give a wrapped optimizer its batching and loss scaler, and the screen's flags."""
+    optimizer._batching, optimizer._scaler = batching, scaler
+    optimizer.finite, optimizer.overflowed = True, False
+
+
 class _BatchWeighted:
     """Mixed into Horovod's optimizer class: the weight, the hooks that apply it, and the
     calls that tell a `DynamicBatching` where the step is. `_horovod` is Horovod's class."""
@@ -111,9 +139,8 @@ class _BatchWeighted:
         # screen goes between the two, so synchronize here as Horovod's step would.
         if self._should_synchronize and not self._synchronized:
             self.synchronize()
-        self.finite = drop_nonfinite_gradients(self)
         with self.skip_synchronize():
-            loss = self._horovod.step(self, closure)
+            loss = screened_step(self, lambda c: self._horovod.step(self, c), closure)
         if self._batching is not None:
             self._batching.step_done()
         return loss
@@ -127,7 +154,7 @@ class _BatchWeighted:
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, batching=None,
-                         nap: Optional[float] = None, **kwargs):
+                         nap: Optional[float] = None, scaler=None, **kwargs):
     """`hvd.DistributedOptimizer` whose allreduce is weighted by each rank's batch size.
 
     Takes Horovod's arguments except `op`, which is always `hvd.Sum`, and
@@ -136,7 +163,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, batching=None,
     `set_batch_size(local_batch, global_batch)` before each backward pass. The result is
     still an instance of the user's optimizer class (so schedulers and `state_dict` work).
     With `nap` (seconds) a rank waits for the allreduce by napping (see `wait_napping`):
-    for ranks that share cores on purpose, never for speed.
+    for ranks that share cores on purpose, never for speed. With `scaler` (a
+    `torch.amp.GradScaler`) `step()` unscales, screens and updates the scale after the
+    allreduce (see the module docstring). Horovod's `compression=hvd.Compression.fp16`
+    sends the weighted gradients as float16.
     """
     import horovod.torch as hvd
 
@@ -154,7 +184,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, batching=None,
     methods = {k: v for k, v in vars(_BatchWeighted).items() if not k.startswith("__")}
     wrapped.__class__ = type(horovod_class.__name__, horovod_class.__bases__,
                              {**vars(horovod_class), **methods, "_horovod": horovod_class})
-    wrapped._batching, wrapped.finite = batching, True
+    _attach(wrapped, batching, scaler)
     wrapped._nap, wrapped._poll = nap, hvd.poll
     wrapped._register_weight_hooks(1.0 / hvd.size())
     return wrapped
@@ -171,16 +201,16 @@ class _LocalSteps:
 
     def step(self, closure=None):
         self.synchronize()
-        self.finite = drop_nonfinite_gradients(self)
-        loss = self._base.step(self, closure)
+        loss = screened_step(self, lambda c: self._base.step(self, c), closure)
         self._batching.step_done()
         return loss
 
 
-def LocalOptimizer(optimizer, batching):
-    """`optimizer` as a one-process job's `DistributedOptimizer(..., batching=batching)`."""
+def LocalOptimizer(optimizer, batching, scaler=None):
+    """`optimizer` as a one-process job's `DistributedOptimizer(..., batching=batching,
+    scaler=scaler)`."""
     base = type(optimizer)
     methods = {k: v for k, v in vars(_LocalSteps).items() if not k.startswith("__")}
     optimizer.__class__ = type(base.__name__, (base,), {**methods, "_base": base})
-    optimizer._batching, optimizer.finite = batching, True
+    _attach(optimizer, batching, scaler)
     return optimizer

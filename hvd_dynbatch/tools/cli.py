@@ -111,8 +111,18 @@ def _configured(*decls, **kwargs):
 @_configured("--save-model", type=click.Path(), help="Rank 0 writes the final state_dict.")
 @_configured("--threads", help="Compute threads per rank.")
 @_configured("--amp", type=click.Choice(list(PRECISIONS)),
-             help="Mixed precision of the forward pass: off (float32) or bf16 (bfloat16 "
-                  "autocast; weights, gradients and optimizer stay float32).")
+             help="Mixed precision of the forward pass: off (float32), bf16 (bfloat16 "
+                  "autocast; weights, gradients and optimizer stay float32) or fp16 (float16 "
+                  "autocast with loss scaling; steps that overflow are skipped alike on "
+                  "every rank).")
+@_configured("--fp16-allreduce", is_flag=True,
+             help="Send the gradients as float16 (Horovod's fp16 compression).")
+@_configured("--channels-last", is_flag=True,
+             help="Lay batches of images out NHWC (faster convolutions on recent GPUs; "
+                  "the weights stay NCHW, as Horovod needs).")
+@_configured("--cudnn-benchmark", is_flag=True,
+             help="On a GPU, let cuDNN time its algorithms for each new batch shape; the "
+                  "first step at each batch size is then left out of the timing.")
 @_configured("--device", help="auto (each rank its node's GPU number local rank, where CUDA is "
                                "there, else the CPU), cpu, cuda or cuda:N.")
 @_configured("--loader-workers",

@@ -66,6 +66,7 @@ class ABSWindows:
         self.handle = None            # the allreduce in flight, and when it started
         self.reduced = None           # its result, until the next update applies it
         self.finite = True            # whether the last update's gradient was finite
+        self.overflowed = False       # no loss scaling here (fp16 is refused), never set
                                       # (else it was not applied)
         self.reduce_seconds = 0.0     # this rank's estimate of what a reduction costs
         self.recent_reductions = collections.deque(maxlen=10)
@@ -162,7 +163,7 @@ class ABSWindows:
             if size == 0:
                 return count, loss_sum, np.concatenate(used)
             indices = self.stream.take(size)
-            x, y = to_device(self.loader.fetch(indices), self.device)
+            x, y = to_device(self.loader.fetch(indices), self.device, self.cfg.channels_last)
             began = time.perf_counter()
             with autocast(self.device, self.cfg.amp):
                 loss = F.cross_entropy(self.model(x), y, reduction="sum")

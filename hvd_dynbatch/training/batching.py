@@ -152,7 +152,10 @@ class DynamicBatching:
     `empty_slices=False` (the default) gives every rank at least `least_batch` samples in an
     epoch's short last step, as a user's collate function expects; the training loop of this
     package handles empty slices and allows them. `lag` defaults to the prefetch depth of
-    the loader built by `loader()`.
+    the loader built by `loader()`. With `autotuning` (for `torch.backends.cudnn.benchmark`,
+    which times cuDNN's algorithms on the first step at each new input shape, at several times
+    a step's cost) the first step at each batch size this rank has not run before is left out
+    of its timing; a window with no other step reports no time, and the split stays.
 
     Building it is local; `step_done()` and `exchange()` are collectives: every rank calls
     them at the same steps (which the training loop's shape already ensures).
@@ -162,7 +165,7 @@ class DynamicBatching:
                  adaptive: bool = True, controller: Optional[ControllerConfig] = None,
                  adjust_every: int = 5, timing_window: int = 5, seed: int = 0,
                  least_batch: int = 1, empty_slices: bool = False, lag: Optional[int] = None,
-                 initial_split: Optional[Sequence[int]] = None):
+                 initial_split: Optional[Sequence[int]] = None, autotuning: bool = False):
         if comm is None:
             from ..backend.comm import for_horovod
 
@@ -191,6 +194,7 @@ class DynamicBatching:
         self._position = self._sampler.state_dict()  # where the next step to train starts
         self._splits = [(0, tuple(int(b) for b in split))]  # (first step, split), in order
         self._timed_split = None         # the split the timer's readings were taken at
+        self._tuned = set() if autotuning else None  # batch sizes this rank has run
         self._plans = collections.deque()  # planned by the loader, not yet handed out
         self._planned = 0                # steps planned so far (the next plan's step)
         self._current = None             # the handed-out step: (plan, step, started)
@@ -341,7 +345,11 @@ class DynamicBatching:
             if split != self._timed_split:
                 self.timer.reset()
                 self._timed_split = split
-            self.timer.record(self._compute)
+            mine = plan.sizes[self.rank]
+            if self._tuned is None or mine in self._tuned:
+                self.timer.record(self._compute)
+            else:
+                self._tuned.add(mine)
         self._exchange.add(step, plan.epoch, plan.sizes[self.rank], self._compute, self._loss)
         if (step + 1) % self.adjust_every == 0:
             self._exchange.start(self.comm, self._head())

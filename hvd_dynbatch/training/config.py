@@ -66,7 +66,11 @@ class TrainConfig:
 
     A step whose reduced gradient is not finite (a NaN or infinite loss) is not applied;
     `on_nan` says whether the run then stops (on every rank, with an error) or goes on (the
-    summary counts such steps).
+    summary counts such steps). Under `amp` "fp16" a step whose scaled gradient overflowed is
+    skipped and the loss scale lowered, whatever `on_nan` says (the summary counts those
+    apart). `fp16_allreduce` sends the gradients as float16 (Horovod's compression);
+    `channels_last` lays images out NHWC, and `cudnn_benchmark` lets cuDNN time its
+    convolution algorithms for each new input shape, on a GPU (see `device`).
 
     An image that cannot be decoded stops the run with an error naming it; with
     `skip_bad_samples` the next readable sample takes its place, and the summary counts it.
@@ -109,6 +113,9 @@ class TrainConfig:
     threads: int = 1
     device: str = "auto"
     amp: str = "off"
+    fp16_allreduce: bool = False
+    channels_last: bool = False
+    cudnn_benchmark: bool = False
     loader_workers: int = 0
     progress: bool = True
     warmup_steps: int = 0
@@ -147,6 +154,10 @@ class TrainConfig:
         if self.batching is Batching.ABS and (self.elastic or self.batch_schedule):
             raise DynBatchError("--batching abs runs on a fixed set of workers and a fixed "
                                 "target batch: drop --elastic and --batch-schedule")
+        if self.batching is Batching.ABS and (self.amp == "fp16" or self.fp16_allreduce):
+            raise DynBatchError("--batching abs has no loss scaling and reduces its windows "
+                                "itself: use --amp bf16 (no scaling needed), and drop "
+                                "--fp16-allreduce")
         if self.batch_schedule and self.elastic:
             raise DynBatchError("--batch-schedule is for non-elastic runs; an elastic run's "
                                 "batch follows its workers (--batch-policy scale)")

@@ -3,7 +3,8 @@
 Each step trains this rank's slice of a planned split of the global batch, fed by the
 `DynamicBatching` loader (prefetched by `loader_workers` DataLoader processes), with the
 gradient weighted by b_i / B, a sleep after backward if heterogeneity is
-emulated, and the optimizer step where Horovod's allreduce completes. `DynamicBatching` owns
+emulated, and the optimizer step where Horovod's allreduce completes. Under `--amp fp16` the
+loss is scaled before backward and the optimizer unscales after the allreduce. `DynamicBatching` owns
 the rest: timing, the exchange every `adjust_every` steps, the controller.
 
 A peer of `abs_windows.ABSWindows`; `trainer.Trainer` drives either through the same calls.
@@ -14,7 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from ..backend.backends import Backend
-from ..backend.device import autocast, parameters_device, to_device, wait_for_compute
+from ..backend.device import (autocast, loss_scaler, parameters_device, to_device,
+                              wait_for_compute)
 from ..data.loader import SplitDataset, as_is
 from .batching import DynamicBatching
 from .config import Batching, TrainConfig
@@ -26,20 +28,22 @@ class SynchronousSteps:
     def __init__(self, cfg: TrainConfig, data, model, backend: Backend, least_batch: int):
         self.cfg, self.model = cfg, model
         comm = backend.communicator()
+        self.device = parameters_device(model)
+        on_gpu = self.device.type == "cuda"
         self.batching = DynamicBatching(
             SplitDataset(data.train), cfg.global_batch, comm,
             adaptive=cfg.batching is Batching.DYNAMIC,
             controller=cfg.controller_config(least_batch=least_batch),
             adjust_every=cfg.adjust_every, timing_window=cfg.timing_window, seed=cfg.seed,
-            least_batch=least_batch, empty_slices=True)
+            least_batch=least_batch, empty_slices=True,
+            autotuning=cfg.cudnn_benchmark and on_gpu)
         workers = cfg.loader_workers
-        self.device = parameters_device(model)
         self.loader = self.batching.loader(num_workers=workers, collate_fn=as_is,
-                                           persistent_workers=workers > 0,
-                                           pin_memory=self.device.type == "cuda")
+                                           persistent_workers=workers > 0, pin_memory=on_gpu)
+        self.scaler = loss_scaler(self.device, cfg.amp)
         self.optimizer = backend.weighted_optimizer(
             torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum),
-            model, self.batching)
+            model, self.batching, scaler=self.scaler, fp16_allreduce=cfg.fp16_allreduce)
         self._batches = None
         self.skipped_samples = 0      # unreadable samples replaced in this rank's batches
 
@@ -85,6 +89,11 @@ class SynchronousSteps:
         """Whether the last step's reduced gradient was finite (else it was not applied)."""
         return self.optimizer.finite
 
+    @property
+    def overflowed(self) -> bool:
+        """Whether the last step was skipped because its float16 gradients overflowed."""
+        return self.optimizer.overflowed
+
     def steps_per_epoch(self) -> int:
         return self.batching.steps_per_epoch()
 
@@ -112,7 +121,7 @@ class SynchronousSteps:
         Collective: the allreduce, and every `adjust_every` steps the exchange.
         """
         x, y, skipped = self._next_batch()
-        x, y = to_device((x, y), self.device)
+        x, y = to_device((x, y), self.device, self.cfg.channels_last)
         self.skipped_samples += skipped
         plan = self.batching.plan
         step = self.batching.step
@@ -124,7 +133,7 @@ class SynchronousSteps:
         if len(y):
             with autocast(self.device, self.cfg.amp):
                 loss = F.cross_entropy(self.model(x), y)
-            loss.backward()
+            (loss if self.scaler is None else self.scaler.scale(loss)).backward()
             # The clock must not stop before the GPU has (see `device`); the optimizer's
             # synchronize would wait there anyway, and the loss is read after it for free.
             wait_for_compute(self.device)
@@ -162,9 +171,15 @@ class SynchronousSteps:
         self.batching.forget_uncommitted()
 
     def state_dict(self) -> dict:
-        return self.batching.state_dict()
+        """The batching's state, and the loss scaler's under fp16."""
+        scaler = None if self.scaler is None else self.scaler.state_dict()
+        return {**self.batching.state_dict(), "loss_scaler": scaler}
 
     def load_state_dict(self, state: dict, global_batch=None) -> None:
         """See `DynamicBatching.load_state_dict`."""
         self._batches = None
+        state = dict(state)
+        scaler = state.pop("loss_scaler", None)
+        if self.scaler is not None and scaler:
+            self.scaler.load_state_dict(scaler)
         self.batching.load_state_dict(state, global_batch)

@@ -138,14 +138,17 @@ class RunState:
     last_eval_step: Optional[int] = None
     time_to_target: Optional[float] = None
     skipped_steps: int = 0            # steps not applied: their gradient was not finite
+    overflow_steps: int = 0           # steps skipped by the fp16 loss scaler (overflow)
     checkpoint_seconds: float = 0.0   # spent writing checkpoints (rank 0's, which others wait)
 
     def state_dict(self) -> dict:
         return asdict(self)
 
     def load_state_dict(self, state: dict) -> None:
+        """Set the fields `state` has (a checkpoint older than a field keeps its default)."""
         for f in fields(self):
-            setattr(self, f.name, state[f.name])
+            if f.name in state:
+                setattr(self, f.name, state[f.name])
 
 
 def _strategy(config: TrainConfig):
@@ -176,6 +179,8 @@ class Trainer:
         self.device = resolve_device(config.device, backend.local_rank())
         self.model = build_model(config.model, self.data.input_shape,
                                  self.data.num_classes).to(self.device)
+        if config.cudnn_benchmark and self.device.type == "cuda":
+            torch.backends.cudnn.benchmark = True
         self.steps = _strategy(config)(config, self.data, self.model, backend,
                                        least_batch(self.model))
         self.schedule = LRSchedule(config.lr, config.global_batch,
@@ -365,6 +370,9 @@ class Trainer:
         is the same everywhere); under `skip` the step is counted and marked."""
         if self.steps.finite:
             return {}
+        if self.steps.overflowed:
+            self.run.overflow_steps += 1
+            return {"skipped": True, "overflow": True}
         self.run.skipped_steps += 1
         if self.cfg.on_nan is OnNan.STOP:
             raise DynBatchError(
@@ -449,6 +457,7 @@ class Trainer:
             "target_accuracy": cfg.target_accuracy,
             "time_to_target": run.time_to_target,
             "skipped_steps": run.skipped_steps,
+            "overflow_steps": run.overflow_steps,
             "checkpoint_seconds": run.checkpoint_seconds,
             "skipped_samples": self.skipped_samples,
             "final_split": steps.final_split(),
