@@ -9,7 +9,8 @@ setup:
 demo: setup
 	$(VENV)/bin/hvd-dynbatch demo
 
-test: setup
+test:
+	bash scripts/setup.sh --test
 	$(VENV)/bin/python -m pytest
 
 benchmarks: setup

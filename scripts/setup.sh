@@ -11,6 +11,8 @@
 # torch is PyPI's CUDA build instead, and Horovod is built with NCCL for the GPU operations,
 # against the machine's CUDA toolkit (CUDA_HOME, or nvcc on PATH) or, where there is none,
 # one assembled from NVIDIA's PyPI packages; its check must then list NCCL too.
+# With --test (as `make test` runs it) it also installs Slurm and munge from Debian, for the
+# suite's one-node Slurm cluster.
 # A second run on a ready machine only verifies and returns within seconds.
 set -euo pipefail
 
@@ -25,6 +27,10 @@ PY=$VENV/bin/python
 run_pip() { "$PY" -m pip "$@" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2); }
 say() { printf '[setup] %s\n' "$*" >&2; }
 die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
+
+# --test: also what the test suite needs from Debian (Slurm and munge).
+FOR_TESTS=0
+[ "${1:-}" = --test ] && FOR_TESTS=1
 
 # 1 where this machine trains on NVIDIA GPUs.
 GPU=${HVD_DYNBATCH_GPU:-$( (nvidia-smi -L 2>/dev/null || true) | grep -q '^GPU ' && echo 1 || echo 0)}
@@ -42,11 +48,18 @@ system_packages() {
     command -v mpicc >/dev/null || missing+=(libopenmpi-dev)
     command -v cmake >/dev/null || missing+=(cmake)
     command -v g++ >/dev/null || missing+=(g++)
+    if [ "$FOR_TESTS" = 1 ]; then
+        # The suite's one-node Slurm cluster (tests/slurm.py).
+        command -v slurmctld >/dev/null || missing+=(slurmctld)
+        command -v slurmd >/dev/null || missing+=(slurmd)
+        command -v sbatch >/dev/null || missing+=(slurm-client)
+        command -v munged >/dev/null || missing+=(munge)
+    fi
     [ ${#missing[@]} -eq 0 ] && return
     say "installing Debian packages: ${missing[*]}"
     as_root apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${missing[@]}" >/dev/null \
-        || die "apt-get install ${missing[*]} failed"
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends \
+        "${missing[@]}" >/dev/null || die "apt-get install ${missing[*]} failed"
 }
 
 python_packages() {
