@@ -65,6 +65,9 @@ class Job:
         done = self.cluster.run(["scontrol", "requeue", str(self.id)])
         assert done.returncode == 0, done.stderr
         self.cluster.wait(self.id, {"PENDING"}, 60)
+        # slurmd refuses a job whose launch is stamped no later than its last run's kill
+        # ("Job N already killed, do not launch batch job"): stamps are whole seconds.
+        time.sleep(2)
         done = self.cluster.run(["scontrol", "update", f"JobId={self.id}", "StartTime=now"])
         assert done.returncode == 0, done.stderr
 
