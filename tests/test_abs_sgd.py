@@ -167,21 +167,22 @@ def test_epochs_count_target_batches_and_max_steps_sets_the_length(tmp_path):
 
 def test_the_default_configuration_converges_on_two_unequal_ranks(tmp_path):
     """The issue's defaults (lr 0.05, heavy-ball momentum 0.9) on a small problem: an MLP on
-    the digits, target batch 128, 2 ranks one 4x slower, 120 windows (0.93 test accuracy
+    the digits, target batch 256, 2 ranks one 4x slower, 120 windows (0.94 test accuracy
     here). At target batch 64, weight prediction took it to 0.94-0.947 in three runs,
     uncompensated (`--staleness none`, what ABS-SGD did before) to 0.59-0.68. Settled
     windows hold the target batch: by quota, a window falls short only where a rank hit the
     cap. They are never shorter than a reduction, though: on a faster machine a window of 64
     of these samples took about as long as one (2-3 ms), and 30% of the windows grew past
-    64 by more than 10%; at 128, 7% did."""
+    64 by more than 10%; at 128, 7% did on a quiet machine and 20% in a busy CI run; at 256,
+    3% on a quiet machine."""
     metrics = tmp_path / "m.jsonl"
     job = run_ranks(Launcher.GLOO, 2, [
         *CLI, "train", "--batching", "abs", "--model", "mlp", "--dataset", "digits",
-        "--global-batch", "128", "--micro-batch", "8", "--lr", "0.05", "--momentum", "0.9",
+        "--global-batch", "256", "--micro-batch", "8", "--lr", "0.05", "--momentum", "0.9",
         "--seed", "0", "--max-steps", "120", "--eval-every", "0", "--slowdown", "1,4",
         "--metrics", str(metrics), "--no-progress"], timeout=180)
     assert job.returncode == 0, job.explain()
     records = read_metrics(str(metrics))
     assert records[-1]["final_accuracy"] >= 0.9
     counts = [r["global_batch"] for r in records if "batch_sizes" in r][2:]
-    assert sum(abs(c - 128) <= 13 for c in counts) >= 0.8 * len(counts), counts
+    assert sum(abs(c - 256) <= 26 for c in counts) >= 0.8 * len(counts), counts
