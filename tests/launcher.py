@@ -54,6 +54,14 @@ def train_one_process(args, tmp_path, name: str = "run"):
     return torch.load(model), read_metrics(str(metrics))
 
 
+def assert_same_weights(actual: dict, expected: dict, rtol: float = 1e-6,
+                        atol: float = 1e-6) -> None:
+    """Two state dicts hold the same tensors, name by name, within the tolerances."""
+    assert actual.keys() == expected.keys()
+    for name, value in expected.items():
+        torch.testing.assert_close(actual[name], value, rtol=rtol, atol=atol, msg=name)
+
+
 def expect_user_error(out: subprocess.CompletedProcess, text: str) -> None:
     """The command failed as a user mistake should: exit 2, every error line saying `text`,
     no traceback."""

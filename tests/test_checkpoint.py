@@ -16,7 +16,8 @@ from hvd_dynbatch.training.checkpoint import CheckpointDir, check_fingerprint, f
 from hvd_dynbatch.training.config import TrainConfig
 from hvd_dynbatch.training.metrics import read_metrics, step_records, truncate_metrics
 from hvd_dynbatch.training.trainer import train
-from launcher import CLI, expect_user_error, run_cli, run_ranks, train_one_process
+from launcher import (CLI, assert_same_weights, expect_user_error, run_cli, run_ranks,
+                      train_one_process)
 
 
 class TestCheckpointDir:
@@ -68,11 +69,6 @@ def local_run(tmp_path, **options):
                          eval_every=10, progress=False, metrics=str(tmp_path / "m.jsonl"),
                          save_model=str(tmp_path / "model.pt"), **options)
     return train(config, LocalBackend()), torch.load(config.save_model)
-
-
-def assert_same_weights(actual: dict, expected: dict, rtol=1e-6):
-    for name, value in expected.items():
-        torch.testing.assert_close(actual[name], value, rtol=rtol, atol=1e-6, msg=name)
 
 
 @pytest.mark.parametrize("batching", ["dynamic", "abs"])

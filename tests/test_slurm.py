@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from launcher import train_one_process
+from launcher import assert_same_weights, train_one_process
 from slurm import ENDED
 
 HOSTFILES = Path(__file__).resolve().parent.parent / "hostfiles"
@@ -83,13 +83,6 @@ class Job:
         return f"--- job {self.id} ({self.form})\n{self.output()}\n{self.cluster.logs()}"
 
 
-def same_weights(path: Path, reference: dict) -> None:
-    weights = torch.load(path)
-    assert weights.keys() == reference.keys()
-    for name, value in weights.items():
-        torch.testing.assert_close(value, reference[name], rtol=1e-5, atol=1e-6, msg=name)
-
-
 def test_a_script_outside_slurm_says_to_submit_it():
     done = subprocess.run(["bash", str(HOSTFILES / "slurm_mpirun.sbatch")], capture_output=True,
                           text=True, timeout=30, env={"PATH": "/usr/bin:/bin"})
@@ -118,7 +111,7 @@ def test_a_requeued_running_job_resumes_and_ends_with_the_weights_of_one_run(
     assert record["JobState"] == "COMPLETED" and record["Restarts"] == "1", job.log()
     out = job.output()
     assert "start 1," in out and "start 2," in out and "resuming from" in out, job.log()
-    same_weights(job.model, reference)
+    assert_same_weights(torch.load(job.model), reference, rtol=1e-5)
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -141,4 +134,4 @@ def test_scancel_term_checkpoints_and_stops_and_a_requeue_goes_on(slurm_cluster,
     job.requeue()
     record = job.wait()
     assert record["JobState"] == "COMPLETED" and record["Restarts"] == "1", job.log()
-    same_weights(job.model, reference)
+    assert_same_weights(torch.load(job.model), reference, rtol=1e-5)

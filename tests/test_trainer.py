@@ -19,6 +19,7 @@ from hvd_dynbatch.training.metrics import read_metrics, step_records
 from hvd_dynbatch.training.models import build_model
 from hvd_dynbatch.training.trainer import Trainer, train
 from evaluation import replay_delayed_sgd, top1_top5
+from launcher import assert_same_weights
 
 LR, MOMENTUM, SEED = 0.05, 0.9, 5
 
@@ -45,11 +46,6 @@ def fresh_model():
     return data, build_model("mlp", data.input_shape, data.num_classes)
 
 
-def assert_same_weights(actual: dict, expected: dict):
-    for name, value in expected.items():
-        torch.testing.assert_close(actual[name], value, rtol=1e-6, atol=1e-7, msg=name)
-
-
 def test_synchronous_loop_is_plain_sgd_over_the_planned_steps(tmp_path):
     summary, records, weights, samples = run(tmp_path, global_batch=64, max_steps=30,
                                              eval_every=10)
@@ -69,7 +65,7 @@ def test_synchronous_loop_is_plain_sgd_over_the_planned_steps(tmp_path):
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
         opt.step()
-    assert_same_weights(weights, model.state_dict())
+    assert_same_weights(weights, model.state_dict(), atol=1e-7)
     assert summary["final_accuracy"] == pytest.approx(top1_top5(weights, "mlp", data)[0])
 
 
@@ -90,7 +86,7 @@ def test_abs_loop_applies_the_last_window_before_the_final_evaluation(
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=momentum)
     replay_delayed_sgd(model, opt, data.train, [[samples[step]] for step in range(6)],
                        staleness)
-    assert_same_weights(weights, model.state_dict())
+    assert_same_weights(weights, model.state_dict(), atol=1e-7)
     assert summary["final_accuracy"] == pytest.approx(top1_top5(weights, "mlp", data)[0])
 
 
@@ -123,7 +119,7 @@ def test_abs_state_carries_the_pending_update_to_a_new_trainer():
                                                  state["staleness"]["change"], strict=True))
     # Both apply the same pending gradient: the same weights after.
     assert first.steps.drain(LR) and second.steps.drain(LR)
-    assert_same_weights(second.model.state_dict(), first.model.state_dict())
+    assert_same_weights(second.model.state_dict(), first.model.state_dict(), atol=1e-7)
     assert not second.steps.drain(LR)
 
 

@@ -8,7 +8,8 @@ from hvd_dynbatch.tools.launch import Launcher
 from hvd_dynbatch.training.metrics import read_metrics, step_records
 from hvd_dynbatch.training.trainer import weights_checksum
 from evaluation import top1_top5
-from launcher import CLI, expect_user_error, run_cli, run_ranks, train_one_process
+from launcher import (CLI, assert_same_weights, expect_user_error, run_cli, run_ranks,
+                      train_one_process)
 
 # No batch-norm, no dropout: the update of a split step equals the one-rank step exactly.
 COMMON = ["--model", "mlp", "--dataset", "digits", "--global-batch", "64",
@@ -86,9 +87,7 @@ def test_n_ranks_end_with_the_weights_of_one(reference, tmp_path, launcher, np, 
     assert summary["weights_checksums"] == [weights_checksum(weights)] * np
     evals = [r for r in records if r.get("type") == "eval"]
     assert [len(set(e["weights_checksums"])) for e in evals] == [1, 1, 1]
-    assert weights.keys() == ref_weights.keys()
-    for name, value in weights.items():
-        torch.testing.assert_close(value, ref_weights[name], rtol=1e-5, atol=1e-6, msg=name)
+    assert_same_weights(weights, ref_weights, rtol=1e-5)
     # The losses the ranks report, weighted by batch, are the one-rank losses too.
     ref_losses = [r["loss"] for r in step_records(ref_metrics)]
     assert [r["loss"] for r in steps] == pytest.approx(ref_losses, rel=1e-4)
