@@ -7,7 +7,8 @@ range over rounds:
   is its rate at factor 1 over its rate at the factor.
 - in a job: 2 ranks at slowdown 1,f with equal static batches, sharing the machine's cores
   as the demo's ranks do. A round's factor is the median, over the steady steps, of rank 1's
-  compute time over rank 0's; this is the factor the controller sees.
+  compute time over rank 0's; this is the factor the controller sees. Slowdown 1,1 is the
+  control: how far apart two unslowed ranks of this machine already are.
 
     python benchmarks/emulator_fidelity.py [--factors 4 8] [--repeats 3]
 """
@@ -50,7 +51,7 @@ def main():
     rows = []
     for options, batch, steps in CASES:
         alone = {f: [] for f in args.factors}
-        in_job = {f: [] for f in args.factors}
+        in_job = {f: [] for f in ["1", *args.factors]}
         for repeat in range(args.repeats):
             # Each round starts with a different factor, so none always runs first.
             order = ["1", *args.factors]
@@ -58,6 +59,7 @@ def main():
             rates = standalone_rates(order, batch, options, steps)
             for f in args.factors:
                 alone[f].append(rates["1"] / rates[f])
+            for f in in_job:
                 in_job[f].append(in_job_factor(f, batch, options, steps))
         for where, measured in (("alone", alone), ("in a job", in_job)):
             for f, values in measured.items():
@@ -71,7 +73,7 @@ def main():
         f"Emulated slowdown, {args.repeats} rounds, 1 thread per rank. Alone: samples/s of a "
         f"1-rank job at factor 1 / at the factor, from the median step time of the last 75% "
         f"of steps. In a job: median of rank 1's / rank 0's compute time over the same steps "
-        f"of a 2-rank job at slowdown 1,f with equal batches.",
+        f"of a 2-rank job at slowdown 1,f with equal batches (f = 1: the machine's own spread).",
         ["model, data", "batch", "factor", "where", "measured (median)", "range", "off by"],
         rows)
 

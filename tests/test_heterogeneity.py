@@ -6,6 +6,7 @@ import pytest
 
 from hvd_dynbatch.backend.weighting import batch_weight
 from hvd_dynbatch.core.heterogeneity import Emulator, Slowdown, preset_factors
+from hvd_dynbatch.training.batching import StepRecord
 from hvd_dynbatch.core.timing import StepTimer
 from hvd_dynbatch.errors import DynBatchError
 
@@ -51,6 +52,29 @@ def test_a_stall_lengthens_its_step_once_not_factor_times():
     for seconds in (0.05, 0.05, 0.5, 0.06):  # a stall among them; only the last 3 are kept
         slow.after_compute(0, 10, seconds)
     assert slept == [pytest.approx(3 * s) for s in (0.05, 0.05, 0.05, 0.06)]
+
+
+def test_the_typical_compute_comes_from_the_ranks_at_factor_one_once_exchanged():
+    """A slowed rank computes more slowly than the others (5 against 4 ms a sample here): its
+    step is still 4 times the rank at factor 1's, not 4 times its own."""
+    slow, slept = _emulator("0:1,4;10:4,1", 1)
+    slow.after_compute(0, 10, 0.05)          # no exchange yet: 3 times its own 50 ms
+    slow.observe([StepRecord(step, 0, [10, 10], [0.04, 0.2], 1.0) for step in range(3)])
+    slow.after_compute(3, 10, 0.05)
+    slow.after_compute(4, 20, 0.1)           # the same per sample at another batch
+    assert slept == [pytest.approx(0.15), pytest.approx(0.11), pytest.approx(0.22)]
+    assert [0.05 + slept[1], 0.1 + slept[2]] == [pytest.approx(4 * 0.04), pytest.approx(4 * 0.08)]
+
+
+def test_steps_with_every_rank_slowed_or_no_samples_leave_the_typical_compute_alone():
+    slow, slept = _emulator("0:2,4;10:1,1", 1)
+    slow.observe([StepRecord(0, 0, [10, 10], [0.08, 0.2], 1.0),    # rank 0 at factor 2
+                  StepRecord(10, 0, [0, 0], [0.0, 0.0], 1.0)])     # empty slices
+    slow.after_compute(1, 10, 0.05)
+    assert slept == [pytest.approx(0.15)]
+    slow.observe([StepRecord(11, 0, [10, 0], [0.03, 0.0], 1.0)])
+    slow.after_compute(2, 10, 0.05)
+    assert slept[1] == pytest.approx((4 * 0.003 - 0.005) * 10)
 
 
 def test_a_rank_at_factor_one_or_without_compute_never_sleeps():

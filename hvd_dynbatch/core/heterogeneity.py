@@ -1,14 +1,16 @@
 """Emulated heterogeneity on one machine: rank i's compute takes s_i times as long.
 
-A rank with factor s sleeps (s - 1) times its compute in each step, so the step costs what it
-would on hardware s times slower. A schedule changes the factors at given steps, to emulate
-transient interference. On a real cluster nothing is emulated.
+A rank with factor s sleeps in each step until the step has cost s times the machine's
+typical compute for it, what it would cost on hardware s times slower. A schedule changes the
+factors at given steps, to emulate transient interference. On a real cluster nothing is
+emulated.
 
-The sleep comes after backward, sized from the rank's recent computes (see `Emulator`). Horovod's
-hooks have sent the gradients by then, so the other ranks finish that step's allreduce and
-start their next step while this rank sleeps; but that next step's allreduce waits for this
-rank, so they lead by one step at most and every rank runs at the emulated worker's pace. The
-time this rank reports for the step (and gathers, for the controller) includes the sleep.
+The sleep comes after backward, sized from the recent computes of the ranks at factor 1 (see
+`Emulator`). Horovod's hooks have sent the gradients by then, so the other ranks finish that
+step's allreduce and start their next step while this rank sleeps; but that next step's
+allreduce waits for this rank, so they lead by one step at most and every rank runs at the
+emulated worker's pace. The time this rank reports for the step (and gathers, for the
+controller) includes the sleep.
 
 Spec syntax: "1,1,2,4" (from step 0 on), or "0:1,4;50:4,1;80:1,1" (factors from each step on).
 `preset_factors` turns the papers' set-ups into factors: heterogeneity levels "HL4" (the
@@ -103,32 +105,59 @@ def preset_factors(preset: str, ranks: int = 2) -> tuple:
 class Emulator:
     """Sleeps after each compute of one rank as its slowdown factor says.
 
-    The sleep is (s - 1) times this rank's typical compute for the step's batch: the median
-    per-sample compute time (forward plus backward, the sleep excluded) of its last `memory`
-    steps, this one included, times the batch. A stall of the machine (another process, a
-    page fault) then lengthens the step once, as it would on slower hardware, not s times
-    as a sleep of (s - 1) times the step's own compute made it: in a 2-rank job a 4x rank's
-    compute at batch 30 then ranged 126-315 ms over 10 steps, and the "model" rule, which
-    reads such jumps as changes of speed, did not settle after the slowdown moved.
+    A step should cost s times the typical compute of its batch on this machine: the median
+    per-sample compute (forward plus backward) of the last `memory` steps, times the batch.
+    The sleep is that less this rank's own median compute of the batch, so a stall (another
+    process, a page fault) lengthens its step once, as it would on slower hardware, not s
+    times as a sleep of (s - 1) times the step's own compute made it: in a 2-rank job a 4x
+    rank's compute at batch 30 then ranged 126-315 ms over 10 steps, and the "model" rule,
+    which reads such jumps as changes of speed, did not settle after the slowdown moved.
 
-    What the median is taken over must be clean: on 2 ranks sharing 2 cores, a rank spinning
-    in Horovod's wait slowed the sleeping rank's compute, the median grew with it, and a
-    factor of 4 measured 5-7x against the rank at factor 1. Ranks of an emulated run
-    therefore wait by napping (`backend.weighting.wait_napping`).
+    The typical compute is that of the job's ranks at factor 1, once an exchange has shown
+    their steps (`observe`); until then, or if every rank is slowed, or in a 1-rank job, it
+    is this rank's own, and the sleep is (s - 1) times it. A rank that sleeps computes more
+    slowly than one that does not: in 2-rank jobs on 2 cores (cnn, digits, batch 256, factor
+    8) the slowed rank's own compute ran 2-27% over the other rank's, and a sleep of (s - 1)
+    times it carried that excess s times, measuring 8.2-10.2x (now 8.0-8.3x). A per-sample
+    compute seen at the unslowed ranks' batches is taken to hold at this rank's: for the
+    benchmarked models it is flat within this machine's noise (ResNet-18 18.2-19.3 ms a
+    sample at batches 8 to 56, the CNN 237-419 us with no trend from 30 to 226).
+
+    What the medians are taken over must be clean: on 2 ranks sharing 2 cores, a rank
+    spinning in Horovod's wait slowed the sleeping rank's compute, and a factor of 4
+    measured 5-7x against the rank at factor 1. Ranks of an emulated run therefore wait by
+    napping (`backend.weighting.wait_napping`).
     """
 
     def __init__(self, slowdown: Optional[Slowdown], rank: int, memory: int = 9,
                  sleep: Callable[[float], None] = time.sleep):
         self.slowdown, self.rank = slowdown, rank
-        self._per_sample = collections.deque(maxlen=memory)
+        self._own = collections.deque(maxlen=memory)
+        self._unslowed = collections.deque(maxlen=memory)
         self._sleep = sleep
 
+    def observe(self, records) -> None:
+        """Take the exchanged steps (`StepRecord`s, the same on every rank): the per-sample
+        compute of their ranks at factor 1 becomes the typical compute."""
+        if self.slowdown is None:
+            return
+        for record in records:
+            per_sample = [seconds / batch for rank, (batch, seconds) in
+                          enumerate(zip(record.batch_sizes, record.compute_times))
+                          if batch > 0 and seconds > 0
+                          and self.slowdown.factor(record.step, rank) == 1]
+            if per_sample:
+                self._unslowed.append(statistics.median(per_sample))
+
     def after_compute(self, step: int, batch: int, compute_seconds: float) -> None:
-        """Record that `batch` samples took `compute_seconds` in `step`, then sleep (s - 1)
-        times the typical compute of `batch` samples."""
+        """Record that `batch` samples took `compute_seconds` in `step`, then sleep until
+        the step has cost s times the typical compute of `batch` samples, taking this rank's
+        own compute to be its median one."""
         if self.slowdown is None or batch <= 0 or compute_seconds <= 0:
             return
-        self._per_sample.append(compute_seconds / batch)
+        self._own.append(compute_seconds / batch)
         factor = self.slowdown.factor(step, self.rank)
         if factor > 1:
-            self._sleep((factor - 1.0) * statistics.median(self._per_sample) * batch)
+            own = statistics.median(self._own)
+            typical = statistics.median(self._unslowed) if self._unslowed else own
+            self._sleep(max(0.0, (factor * typical - own) * batch))

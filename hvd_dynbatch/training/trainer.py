@@ -382,7 +382,9 @@ class Trainer:
         return {"skipped": True}
 
     def _write(self, records: list) -> bool:
-        """Write the exchanged steps' metrics (rank 0) and note the last loss and split."""
+        """Write the exchanged steps' metrics (rank 0), note the last loss and split, and show
+        them to the emulator."""
+        self.emulator.observe(records)
         for record in records:
             info = self._info.pop(record.step, {"step": record.step})
             self.run.last_loss = record.loss
