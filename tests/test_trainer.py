@@ -131,3 +131,31 @@ def test_abs_state_from_another_world_size_is_refused():
     with pytest.raises(DynBatchError, match="cannot go on with 64"):
         trainer.steps.load_state_dict(state, global_batch=64)
 
+
+
+class CountingBackend(LocalBackend):
+    """A one-process backend that counts its barriers."""
+
+    def __init__(self):
+        self.barriers = 0
+
+    def barrier(self):
+        self.barriers += 1
+
+
+def test_every_rank_meets_at_a_barrier_before_it_may_exit_a_finished_or_stopped_run(
+        tmp_path):
+    """A run that ends alike on every rank waits at a barrier (so no rank exits, and shuts
+    Horovod down, while another is still in the last gather); one stopped by a signal too.
+    An error that one rank may hit alone must not wait there: it would hang."""
+    from hvd_dynbatch.training.trainer import Stopped, _last_collective_done
+
+    backend = CountingBackend()
+    train(TrainConfig(model="linear", dataset="digits", global_batch=64, max_steps=2,
+                      eval_every=100000, progress=False), backend)
+    assert backend.barriers == 1
+    for error, barriers in ((Stopped("stopped by SIGTERM"), 2), (DynBatchError("bad"), 2)):
+        with pytest.raises(type(error)):
+            with _last_collective_done(backend):
+                raise error
+        assert backend.barriers == barriers

@@ -52,6 +52,10 @@ class Backend(abc.ABC):
     def wait(self, handle):
         """Wait for the reduction of `handle` and return the sum."""
 
+    @abc.abstractmethod
+    def barrier(self) -> None:
+        """Return once every rank has called it. Collective."""
+
 
 class LocalBackend(Backend):
     """A job of one process: the reductions are the identity."""
@@ -79,6 +83,9 @@ class LocalBackend(Backend):
 
     def wait(self, handle):
         return handle
+
+    def barrier(self) -> None:
+        pass
 
 
 class HorovodBackend(Backend):
@@ -123,6 +130,9 @@ class HorovodBackend(Backend):
 
             wait_napping([handle], self._hvd.poll, self._nap)
         return self._hvd.synchronize(handle)
+
+    def barrier(self) -> None:
+        self._hvd.barrier()
 
     def run_elastic(self, model, optimizer, progress: dict, on_reset, train) -> None:
         """Run `train(state)` under Horovod Elastic until it returns: `state` (a `TorchState`
