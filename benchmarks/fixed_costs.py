@@ -9,13 +9,16 @@ the timings. Reported: adjustments until every later window holds the target sha
 ideal split's throughput ('-': never within the run), the noise-free efficiency then held
 (median), and the controller's time per adjustment. A second table does the same after each
 event of a schedule (a tenth of the workers slows down, a quarter leaves, a quarter joins).
+With `--seeds N` every figure is the median over N clusters (rates and noise drawn from seeds
+0 to N - 1), as one seed's noise can move a rule's adjustments to the target by several.
 
-    python benchmarks/fixed_costs.py [--target 0.97] [--workers 8,64,256,1024,4096]
+    python benchmarks/fixed_costs.py [--target 0.97] [--workers 8,64,256,1024,4096] [--seeds 1]
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import statistics
 
 from common import print_report
 
@@ -27,15 +30,25 @@ SPREADS = (4.0, 8.0)
 EVENTS = "10:slow=0.1@2;20:leave=0.25;30:join=0.25"
 
 
-def settled(segment: dict) -> list:
-    """A segment's adjustments to the target and the noise-free efficiency it holds."""
-    return [segment["settle"], f"{segment['noise_free_efficiency']:.1%}"]
+def settled(segments: list) -> list:
+    """The median over seeds of one segment's adjustments to the target (a segment that
+    never got there counting as the longest) and of the noise-free efficiency it holds."""
+    never = float("inf")
+    settle = statistics.median_low(never if s["settle"] is None else s["settle"]
+                                   for s in segments)
+    held = statistics.median(s["noise_free_efficiency"] for s in segments)
+    return [None if settle == never else settle, f"{held:.1%}"]
 
 
-def quiet_and_noisy(base: Scenario, rule: Rule, target: float) -> tuple:
-    """`simulate` of `base` without noise and with its own (5%)."""
-    return (simulate(dataclasses.replace(base, noise=0.0), rule, target),
-            simulate(base, rule, target))
+def quiet_and_noisy(base: Scenario, rule: Rule, target: float, seeds: int) -> tuple:
+    """Per seed, `simulate` of `base` without noise and with its own (5%): the segments of
+    each (lists over the seeds, one per segment), and the median controller seconds with
+    noise."""
+    runs = [[simulate(dataclasses.replace(base, noise=noise, seed=seed), rule, target)
+             for seed in range(seeds)] for noise in (0.0, base.noise)]
+    quiet, noisy = ([list(per_seed) for per_seed in zip(*(r["segments"] for r in run))]
+                    for run in runs)
+    return quiet, noisy, statistics.median(r["controller_seconds"] for r in runs[1])
 
 
 def main():
@@ -43,7 +56,10 @@ def main():
     parser.add_argument("--target", type=float, default=0.97)
     parser.add_argument("--workers", default="8,64,256,1024,4096")
     parser.add_argument("--adjustments", type=int, default=30)
+    parser.add_argument("--seeds", type=int, default=1)
     args = parser.parse_args()
+    if args.seeds < 1:
+        parser.error(f"--seeds must be at least 1, got {args.seeds}")
     workers = [int(w) for w in args.workers.split(",")]
     rows, event_rows = [], []
     for overhead in OVERHEADS:
@@ -52,24 +68,25 @@ def main():
                 for rule in Rule:
                     base = Scenario(n, spread=spread, overhead=overhead,
                                     adjustments=args.adjustments)
-                    quiet, noisy = quiet_and_noisy(base, rule, args.target)
-                    rows.append([overhead, f"{spread:g}", n, rule.value,
-                                 *settled(quiet["segments"][0]),
-                                 *settled(noisy["segments"][0]),
-                                 f"{noisy['controller_seconds'] * 1e3:.3f}"])
+                    quiet, noisy, seconds = quiet_and_noisy(base, rule, args.target,
+                                                            args.seeds)
+                    rows.append([overhead, f"{spread:g}", n, rule.value, *settled(quiet[0]),
+                                 *settled(noisy[0]), f"{seconds * 1e3:.3f}"])
     for n in workers:
         for rule in Rule:
             base = Scenario(n, overhead=0.05, adjustments=40,
                             events=tuple(Event.parse_schedule(EVENTS)))
-            quiet, noisy = quiet_and_noisy(base, rule, args.target)
-            for q, s in zip(quiet["segments"][1:], noisy["segments"][1:]):
-                event_rows.append([n, rule.value, f"at {q['start']}", q["workers"],
+            quiet, noisy, _ = quiet_and_noisy(base, rule, args.target, args.seeds)
+            for q, s in zip(quiet[1:], noisy[1:]):
+                event_rows.append([n, rule.value, f"at {q[0]['start']}", q[0]["workers"],
                                    *settled(q), *settled(s)])
     target = f"{args.target:.0%}"
+    seeds = ("seed 0" if args.seeds == 1 else
+             f"medians over seeds 0-{args.seeds - 1} (rates and noise drawn from each)")
     print_report(
         f"Controller rules against fixed step costs: simulated clusters, lognormal rates with "
         f"the given spread, per-step overhead (s) the same on every worker, 5 steps per "
-        f"adjustment, global batch 64 x workers, ResNet-50-sized ring allreduce, seed 0, "
+        f"adjustment, global batch 64 x workers, ResNet-50-sized ring allreduce, {seeds}, "
         f"{args.adjustments} adjustments. 'to {target}': adjustments until every later "
         f"window's noise-free efficiency (throughput at the split over the ideal split's, "
         f"from expected step times) is at least {target}; 'held': its median from then on "

@@ -60,6 +60,22 @@ def test_without_loader_workers_a_split_takes_effect_at_the_next_step():
     assert batching.lag == 0 and [len(s) for s in steps] == [32, 32, 32, 51, 51]
 
 
+def test_the_controller_is_given_each_ranks_time_and_its_error():
+    batching = DynamicBatching(DATA, 64, SlowPeer(), adjust_every=3,
+                               controller=ControllerConfig(64, rule=Rule.MODEL))
+    seen, update = [], batching.controller.update
+
+    def spy(sizes, times, errors):
+        seen.append((list(times), list(errors), batching.timer.error))
+        return update(sizes, times, errors)
+
+    batching.controller.update = spy
+    take(batching.loader(), batching, 3)
+    (times, errors, own), = seen
+    assert times[1] == pytest.approx(4 * times[0])
+    assert np.isfinite(own) and errors == [own, own]  # the peer's is the same, relative
+
+
 def test_a_change_inside_the_prefetched_steps_is_refused():
     batching = DynamicBatching(DATA, 64, LocalCommunicator(), adjust_every=100)
     loader = batching.loader(num_workers=2)

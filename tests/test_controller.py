@@ -257,3 +257,49 @@ class TestModelRule:
         split = self.adjust(c, split, fixed, rates, 1)
         assert np.isnan(c.state.fixed[1])
         assert self.adjust(c, split, fixed, rates, 2).tolist() == [50, 50]
+
+    def test_a_noisy_fit_is_pulled_to_the_fixed_cost_the_others_share(self):
+        # Eight workers, a = 0.1 s each; worker 0's second reading is 5% fast. Its line
+        # through two readings takes that for a lower fixed cost; given the readings' 3%
+        # errors, the seven exact fits (which agree) pull it back to 0.1 s.
+        fixed, rates = [0.1] * 8, [100.0, 150, 200, 250, 300, 350, 400, 450]
+        ideal = (0.1 + 400 / sum(rates) - 0.1) * np.asarray(rates)  # T - a = B / sum r
+        results = {}
+        for errors in (None, np.full(8, 0.03)):
+            c = BatchController(ControllerConfig(400, rule=Rule.MODEL))
+            split = c.update(np.full(8, 50), self.times(np.full(8, 50), fixed, rates), errors)
+            t = self.times(split, fixed, rates) * np.r_[0.95, np.ones(7)]
+            results[errors is None] = c.update(split, t, errors), c.state.fixed[0]
+        (noisy, noisy_fixed), (raw, raw_fixed) = results[False], results[True]
+        assert raw_fixed < 0.09 and noisy_fixed == pytest.approx(0.1, abs=1e-6)
+        assert abs(noisy[0] - ideal[0]) < abs(raw[0] - ideal[0])
+
+    def test_fixed_costs_that_differ_beyond_the_noise_are_kept(self):
+        # a = 0.05 and 0.3 s in turn, exact readings claiming 1% errors: the fixed costs
+        # differ by far more than their fits' noise, so each keeps its own.
+        fixed, rates = [0.05, 0.3] * 4, [100.0, 150, 200, 250, 300, 350, 400, 450]
+        splits = []
+        for errors in (None, np.full(8, 0.01)):
+            c = BatchController(ControllerConfig(400, rule=Rule.MODEL))
+            split = np.full(8, 50)
+            for _ in range(3):
+                split = c.update(split, self.times(split, fixed, rates), errors)
+            splits.append(split)
+            assert c.state.fixed == pytest.approx(fixed, abs=0.005)
+        assert np.abs(splits[0] - splits[1]).max() <= 1
+
+    def test_errors_of_another_shape_are_refused(self):
+        with pytest.raises(DynBatchError, match="errors"):
+            BatchController(ControllerConfig(64, rule=Rule.MODEL)).update(
+                [32, 32], [0.1, 0.2], [0.01])
+
+    def test_a_state_saved_without_errors_restarts_the_fit(self):
+        fixed, rates = [0.2, 0.2], [100.0, 400.0]
+        c = BatchController(ControllerConfig(100, rule=Rule.MODEL))
+        split = self.adjust(c, np.array([50, 50]), fixed, rates, 2)
+        saved = c.state.state_dict()
+        saved["moments"] = saved["moments"][:5]  # the moments of the version before errors
+        restored = BatchController(c.config, ControllerState.from_state_dict(saved))
+        restored.update(split, self.times(split, fixed, rates))
+        assert restored.state.moments.shape == (7, 2)
+        assert restored.state.moments[0] == pytest.approx([1.0, 1.0])

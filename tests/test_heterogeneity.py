@@ -2,12 +2,13 @@
 import math
 import time
 
+import numpy as np
 import pytest
 
 from hvd_dynbatch.backend.weighting import batch_weight
 from hvd_dynbatch.core.heterogeneity import Emulator, Slowdown, preset_factors
 from hvd_dynbatch.training.batching import StepRecord
-from hvd_dynbatch.core.timing import StepTimer
+from hvd_dynbatch.core.timing import StepTimer, median_error
 from hvd_dynbatch.errors import DynBatchError
 
 
@@ -101,6 +102,20 @@ def test_timer_takes_the_median_of_its_window():
     assert t.smoothed == 3.0
     t.reset()
     assert math.isnan(t.smoothed)
+
+
+def test_timer_error_is_the_relative_standard_error_of_its_median():
+    t = StepTimer(window=5)
+    t.record(1.0)
+    assert math.isnan(t.error)
+    for v in (1.1, 0.9, 1.05, 0.95):
+        t.record(v)
+    # median 1.0, median absolute deviation 0.05: 1.2533 x 1.4826 x 0.05 / sqrt(5)
+    assert t.error == pytest.approx(0.04155, abs=1e-5)
+    # A stall counts as one more slow step, however long it was.
+    assert median_error([1.1, 0.9, 1.05, 0.95, 10.0]) == median_error([1.1, 0.9, 1.05, 0.95, 1.2])
+    window = np.array([[1.0, 2.0], [1.1, 2.2], [0.9, 1.8]])
+    assert median_error(window) == pytest.approx([median_error(window[:, 0])] * 2)
 
 
 def test_batch_weight_is_the_share_of_the_step():

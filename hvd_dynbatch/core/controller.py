@@ -43,15 +43,32 @@ spread of 8, "pid" needed 20 adjustments at 64 workers to hold 95% of the ideal.
 fits each worker's line and jumps to where the lines meet:
 
 * each worker's readings (b, t) give a_i and c_i by least squares, the older ones weighing
-  less (by 1 - 1/`memory` per adjustment); with a_i < 0 the line is refitted through the
-  origin. A fit claiming the fixed share f = a_i / mean(t) counts once the batches spread
-  by a standard deviation of at least `identify` / (1 - f) of their mean: the move to where
-  the lines meet is 1 / (1 - f) times the proportional rule's, and so is the noise of the
-  readings it carries (in the cluster model with 5% noise, two readings 8% apart claimed
-  f = 0.95 and sent a worker to twice its ideal batch). A worker whose batches do not spread
-  enough (at the even split it starts from, or long settled) keeps the fixed cost of its
-  last fit, its slope taken from its mean reading; a worker never fitted is proportional
-  (a_i = 0), so the rule starts as "p" does;
+  less (by 1 - 1/`memory` per adjustment) and each by 1 / t^2: a reading's noise is a share
+  of its time, and unweighted, one reading at 64 samples counted for as much as eight at 22
+  and, 5% fast, kept that worker at 22 samples for an ideal of 21.0, the slowest of the job
+  (the cluster model, 1024 workers, no fixed cost). With a_i < 0 the line is refitted
+  through the origin. A fit claiming the fixed share f = a_i / mean(t) counts once the
+  batches spread by a standard deviation of at least `identify` / (1 - f) of their mean:
+  the move to where the lines meet is 1 / (1 - f) times the proportional rule's, and so is
+  the noise of the readings it carries (in the cluster model with 5% noise, two readings 8%
+  apart claimed f = 0.95 and sent a worker to twice its ideal batch). A worker whose
+  batches do not spread enough (at the even split it starts from, or long settled) keeps
+  the fixed cost of its last fit, its slope taken from its mean reading; a worker never
+  fitted is proportional (a_i = 0), so the rule starts as "p" does;
+* a fit's fixed cost is weighed against the noise of its readings, before the checks above,
+  which see the weighed one. Given each time's relative standard error e (`update(...,
+  errors)`: the spread of the steps it is the median of), a fit from readings of weights w
+  (U = sum w / t^2; means and variance weighted by w / t^2) has
+  var(a_i) = e^2 mean(b^2) / (U var(b)), least squares' variance of an intercept; from two
+  readings a few per cent apart that is larger than the fixed cost itself. The fixed costs
+  of the fitted workers then serve as a prior (empirical Bayes): its centre m is their
+  median, its variance s^2 the square of their spread (1.4826 times the median absolute
+  deviation) less the median var(a_i), what the fixed costs differ by once the noise is
+  taken out. Each a_i is replaced by its posterior mean (a_i s^2 + m var(a_i)) /
+  (s^2 + var(a_i)) and the slope refitted with the fixed cost held. In the cluster model
+  with 5% noise at 256 workers, the split after the second reading held 94.8% of the ideal
+  where the raw fits held 88.4% (means of 10 seeds; `pid` 94.6%). Readings given without
+  errors, or exact ones, are taken as they are;
 * a reading further than `change_threshold` from its worker's line is a real change of
   speed: the worker's readings and fixed cost are forgotten. A proportional line only
   bounds the time at another batch (between the time at the readings' mean batch and that
@@ -239,6 +256,21 @@ def _water_fill(w: np.ndarray, total: float, lower: float, upper: float,
     return share
 
 
+def _shrunk(fixed: np.ndarray, variance: np.ndarray, pool: np.ndarray) -> np.ndarray:
+    """Each fixed cost's posterior mean under the prior the `pool`ed ones give (see the
+    module docstring), `variance` being each fit's own; the fits as they are when fewer than
+    two are pooled or none has a variance."""
+    pool = pool & np.isfinite(variance)
+    if pool.sum() < 2 or not np.any(variance[pool] > 0):
+        return fixed
+    centre = np.median(fixed[pool])
+    spread = 1.4826 * np.median(np.abs(fixed[pool] - centre))
+    prior = max(spread * spread - np.median(variance[pool]), 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(variance > 0, (fixed * prior + centre * variance) / (prior + variance),
+                        fixed)
+
+
 @dataclass
 class ControllerState:
     """What the controller carries between adjustments (saved and restored with the job)."""
@@ -247,8 +279,10 @@ class ControllerState:
     integral: Optional[np.ndarray] = None     # accumulated same-sign error, samples
     rates: Optional[np.ndarray] = None        # filtered rate per worker, samples/s
     readings: Optional[np.ndarray] = None     # readings in each worker's running mean
-    moments: Optional[np.ndarray] = None      # "model": per worker (columns), the weighted
-                                              # sums of 1, b, t, b^2 and b t of its readings
+    moments: Optional[np.ndarray] = None      # "model": per worker (columns), the sums of
+                                              # w and w e^2, then of u, u b, u t, u b^2 and
+                                              # u b t over its readings (w: the forgetting
+                                              # weight, u = w / t^2, e: a time's error)
     fixed: Optional[np.ndarray] = None        # "model": each worker's last fitted fixed cost
     adjustments: int = 0
 
@@ -288,17 +322,22 @@ class BatchController:
         self.state = ControllerState()
         return self._round(np.full(world_size, self.config.global_batch / world_size))
 
-    def update(self, batch_sizes: Sequence[int], times: Sequence[float]) -> np.ndarray:
+    def update(self, batch_sizes: Sequence[int], times: Sequence[float],
+               errors: Optional[Sequence[float]] = None) -> np.ndarray:
         """The next split, given each worker's batch and its measured compute time per step.
 
-        Returns `batch_sizes` unchanged when any time is not a positive finite number, or
-        (rule "pid") when the imbalance is inside the dead-band.
+        `errors` (rule "model"): each time's relative standard error, how far the reading
+        can be trusted (`StepTimer.error`); None, or a value that is not a finite
+        non-negative number, counts as an exact reading. Returns `batch_sizes` unchanged
+        when any time is not a positive finite number, or when the imbalance is inside the
+        dead-band.
         """
         cfg = self.config
         b = np.asarray(batch_sizes, dtype=np.float64)
         t = np.asarray(times, dtype=np.float64)
-        if b.shape != t.shape or b.ndim != 1:
-            raise DynBatchError(f"got {b.size} batch sizes but {t.size} times")
+        e = np.zeros_like(t) if errors is None else np.asarray(errors, dtype=np.float64)
+        if b.shape != t.shape or b.shape != e.shape or b.ndim != 1:
+            raise DynBatchError(f"got {b.size} batch sizes, {t.size} times and {e.size} errors")
         if not np.all(np.isfinite(t)) or np.any(t <= 0) or np.any(b <= 0):
             return b.astype(np.int64)
         cfg.check_world(b.size)
@@ -307,7 +346,7 @@ class BatchController:
             self.state.adjustments += 1
             return self._round(cfg.global_batch * rates / rates.sum())
         if cfg.rule is Rule.MODEL:
-            return self._round(self._model_step(b, t))
+            return self._round(self._model_step(b, t, np.where(np.isfinite(e) & (e > 0), e, 0.0)))
         return self._round(self._pid_step(b, t, rates))
 
     def _pid_step(self, b: np.ndarray, t: np.ndarray, rates: np.ndarray) -> np.ndarray:
@@ -337,12 +376,13 @@ class BatchController:
         st.allocation = self._moved(st.allocation, move)
         return st.allocation
 
-    def _model_step(self, b: np.ndarray, t: np.ndarray) -> np.ndarray:
+    def _model_step(self, b: np.ndarray, t: np.ndarray, e: np.ndarray) -> np.ndarray:
         cfg, st = self.config, self.state
         n, total = b.size, float(cfg.global_batch)
-        if st.moments is None or not self._continues(b):
-            # First call, a new worker set, or a split set from outside: no readings.
-            st.moments, st.fixed = np.zeros((5, n)), np.full(n, np.nan)
+        if st.moments is None or len(st.moments) != 7 or not self._continues(b):
+            # First call, a new worker set, a split set from outside, or the state of a
+            # version that kept no errors: no readings.
+            st.moments, st.fixed = np.zeros((7, n)), np.full(n, np.nan)
         else:
             fixed, slope, calibrated, mean_b = self._fit()
             # An uncalibrated line runs through the origin and its readings' mean, so an
@@ -353,7 +393,9 @@ class BatchController:
             changed = off > np.log1p(cfg.change_threshold) + leeway
             st.moments[:, changed], st.fixed[changed] = 0.0, np.nan
         forget = 1 - 1 / cfg.memory
-        st.moments = forget * st.moments + np.array([np.ones(n), b, t, b * b, b * t])
+        u = 1 / (t * t)
+        st.moments = forget * st.moments + np.array([np.ones(n), e * e, u, u * b, u * t,
+                                                     u * b * b, u * b * t])
         st.adjustments += 1
         fixed, slope = self._fit()[:2]
         st.allocation = b.copy()
@@ -392,17 +434,20 @@ class BatchController:
         fit's fixed cost), and the mean batch of its readings. Records the fixed costs
         fitted now."""
         st, cfg = self.state, self.config
-        weight, sum_b, sum_t, sum_bb, sum_bt = st.moments
+        weight, sum_ee, precision, sum_b, sum_t, sum_bb, sum_bt = st.moments
         with np.errstate(invalid="ignore", divide="ignore"):
-            mean_b, mean_t = sum_b / weight, sum_t / weight
-            var_b = np.maximum(sum_bb / weight - mean_b * mean_b, 0.0)
-            slope = (sum_bt / weight - mean_b * mean_t) / var_b
+            mean_b, mean_t = sum_b / precision, sum_t / precision
+            var_b = np.maximum(sum_bb / precision - mean_b * mean_b, 0.0)
+            slope = (sum_bt / precision - mean_b * mean_t) / var_b
             fixed = mean_t - slope * mean_b
             # Two readings or more (the second weighs 1 - 1/memory) whose batches spread
             # enough for the fixed share f = fixed / mean_t the fit claims: a move to the
             # equal-time point is 1 / (1 - f) times the proportional one, and so is the noise
             # it carries, so a fit needs its batches spread by identify / (1 - f).
             fitted = (weight > 1.5) & (slope > 0)
+            fixed = np.where(fitted, _shrunk(fixed, sum_ee / weight * sum_bb
+                                             / (precision ** 2 * var_b), fitted), fixed)
+            slope = np.where(fitted, (sum_bt - fixed * sum_b) / sum_bb, slope)
             origin = fitted & (fixed < 0)
             slope = np.where(origin, sum_bt / sum_bb, slope)
             fixed = np.where(origin, 0.0, fixed)

@@ -6,10 +6,10 @@ Pure numpy. Worker i computes a batch of b samples in
 
 and every step ends with a ring allreduce of the gradients (`RingAllreduce`), so a step of the
 job takes max_i t_i plus the allreduce. The split is fixed for `steps` steps between two
-adjustments; the controller then sees each worker's median time over them, as `StepTimer`
-gives it in training. Rates change, and workers join or leave, at given adjustments
-(`Event`); after a change of the worker count the split starts even again, as training's
-elastic resume does.
+adjustments; the controller then sees each worker's median time over them and its relative
+standard error, as `StepTimer` gives them in training. Rates change, and workers join or
+leave, at given adjustments (`Event`); after a change of the worker count the split starts
+even again, as training's elastic resume does.
 
 The same `BatchController` that training uses runs against the model, so what the simulator
 shows about settling and efficiency is what the controller does. Efficiency compares the
@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import DynBatchError
 from .controller import BatchController, ControllerConfig, Rule
+from .timing import median_error
 
 
 @dataclass(frozen=True)
@@ -222,9 +223,10 @@ def run_adjustments(controller: BatchController, cluster: ClusterModel, adjustme
         even = np.full(workers, global_batch / workers)
         ideal_seconds = cluster.window_seconds(ideal, k, draws)
         expected = cluster.expected_times(split, k)
-        measured = np.median(expected * draws, axis=0)
+        window = expected * draws
+        measured, errors = np.median(window, axis=0), median_error(window)
         started = time.perf_counter()
-        new = controller.update(split, measured)
+        new = controller.update(split, measured, errors)
         seconds = time.perf_counter() - started
         allreduce = cluster.allreduce.seconds(workers)
         history.append({

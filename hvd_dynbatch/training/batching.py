@@ -23,12 +23,13 @@ What happens in one step on rank i:
 3. When the optimizer starts to synchronize (backward has ended) the compute time is taken;
    the wait for other ranks is not part of it. `optimizer.step()` then closes the step.
 4. Every `adjust_every` steps the ranks all-gather each step's (batch, compute time, loss)
-   and their smoothed compute times; the controller computes the next split from them, the
-   same on every rank, so no broadcast is needed. The gather starts when the exchange step's
-   compute ends, before the optimizer waits for the gradients: under Horovod it is one more
-   small collective beside the gradients' allreduce, not a round of its own after it (at
-   20 ms steps an all-gather of its own took 2-3% of the training time under Gloo and up to
-   8% in elastic runs, where each collective waits for Horovod's next coordination cycle).
+   and their smoothed compute times with their errors; the controller computes the next
+   split from them, the same on every rank, so no broadcast is needed. The gather starts
+   when the exchange step's compute ends, before the optimizer waits for the gradients:
+   under Horovod it is one more small collective beside the gradients' allreduce, not a
+   round of its own after it (at 20 ms steps an all-gather of its own took 2-3% of the
+   training time under Gloo and up to 8% in elastic runs, where each collective waits for
+   Horovod's next coordination cycle).
 
 Prefetch: a DataLoader with w workers and prefetch factor p asks its batch sampler for the
 step w * p ahead of the one the loop is on. So a split decided after step k takes effect at
@@ -399,16 +400,16 @@ class DynamicBatching:
             if record.global_batch == batch:
                 self.last_full_split = record.batch_sizes
         self._records.extend(records)
-        self._control(heads[:, 1])
+        self._control(heads[:, 1], heads[:, 2])
         elapsed = time.perf_counter() - started
         self.exchange_seconds += elapsed
         self.clock += elapsed
         return records
 
     def _head(self) -> list:
-        """This rank's values in every exchange besides its steps: the lag and the smoothed
-        compute time."""
-        return [-1 if self.lag is None else self.lag, self.timer.smoothed]
+        """This rank's values in every exchange besides its steps: the lag, the smoothed
+        compute time and its relative error."""
+        return [-1 if self.lag is None else self.lag, self.timer.smoothed, self.timer.error]
 
     def _check_lags(self, lags: np.ndarray) -> None:
         if np.any(lags != lags[0]):
@@ -417,10 +418,10 @@ class DynamicBatching:
                                 f"give every rank the same loader options")
         self._lag_checked = True
 
-    def _control(self, smoothed: np.ndarray) -> None:
-        """The controller's turn: a new split from the gathered smoothed times, taking effect
-        `lag` steps from now. None while a split decided or scheduled earlier is due by
-        then, or before the split in force has been timed."""
+    def _control(self, smoothed: np.ndarray, errors: np.ndarray) -> None:
+        """The controller's turn: a new split from the gathered smoothed times and their
+        errors, taking effect `lag` steps from now. None while a split decided or scheduled
+        earlier is due by then, or before the split in force has been timed."""
         effective = self.step + (self.lag or 0)
         if not self.adaptive or any(self.step < s <= effective for s, _ in self._splits):
             return
@@ -429,7 +430,7 @@ class DynamicBatching:
             return
         if sum(current) != self.controller.config.global_batch:
             self.controller = self._controller_for(sum(current))
-        split = tuple(int(b) for b in self.controller.update(current, smoothed))
+        split = tuple(int(b) for b in self.controller.update(current, smoothed, errors))
         if split != current:
             self._decide(effective, split)
 
