@@ -445,12 +445,10 @@ class BatchController:
             # equal-time point is 1 / (1 - f) times the proportional one, and so is the noise
             # it carries, so a fit needs its batches spread by identify / (1 - f).
             fitted = (weight > 1.5) & (slope > 0)
-            fixed = np.where(fitted, _shrunk(fixed, sum_ee / weight * sum_bb
-                                             / (precision ** 2 * var_b), fitted), fixed)
+            # A negative fixed cost is refitted as 0: the line through the origin.
+            shrunk = _shrunk(fixed, sum_ee / weight * sum_bb / (precision ** 2 * var_b), fitted)
+            fixed = np.where(fitted, np.maximum(shrunk, 0.0), fixed)
             slope = np.where(fitted, (sum_bt - fixed * sum_b) / sum_bb, slope)
-            origin = fitted & (fixed < 0)
-            slope = np.where(origin, sum_bt / sum_bb, slope)
-            fixed = np.where(origin, 0.0, fixed)
             fitted &= np.sqrt(var_b) * (mean_t - fixed) >= cfg.identify * mean_b * mean_t
             st.fixed = np.where(fitted, fixed, st.fixed)
             known = ~fitted & (st.fixed < mean_t)
