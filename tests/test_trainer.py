@@ -132,7 +132,6 @@ def test_abs_state_from_another_world_size_is_refused():
         trainer.steps.load_state_dict(state, global_batch=64)
 
 
-
 class CountingBackend(LocalBackend):
     """A one-process backend that counts its barriers."""
 
