@@ -44,6 +44,28 @@ def test_world_seen_by_each_rank(launcher, np, on_mpi, backend):
             assert (rec["mpi_world_size"], rec["mpi_world_rank"]) == (1, 0)
 
 
+@pytest.mark.parametrize("launcher, backend", [
+    (Launcher.GLOO, "horovod"),
+    (Launcher.MPI, "mpi4py"),
+    (Launcher.MPIRUN, "mpi4py"),
+])
+def test_exchange_gather_runs_while_the_caller_works(launcher, backend):
+    # The timing exchange starts its gather when backward ends and asks for it after the
+    # gradients' allreduce: the gather must come out right with an allreduce in between,
+    # and must not wait for the caller to ask (rank 0 holds its result back for 2 s).
+    job = run_ranks(launcher, 2, [PYTHON, str(SCRIPTS / "gather_beside.py")], timeout=120)
+    assert job.returncode == 0, job.explain()
+    ranks = job.by_rank()
+    assert sorted(ranks) == [0, 1], job.explain()
+    for rec in ranks.values():
+        assert rec["backend"] == backend
+        assert rec["rows"] == [[0.0, 0.0], [1.0, 10.0]]
+        assert rec["allreduce_total"] == 1000.0
+        assert rec["late_rows"] == [0.0, 1.0]
+    assert ranks[0]["waited"] >= ranks[0]["hold"]
+    assert ranks[1]["waited"] < ranks[0]["hold"] / 2, job.explain()
+
+
 @pytest.mark.parametrize("launcher", list(Launcher))
 def test_failing_rank_ends_the_job(launcher):
     start = time.monotonic()

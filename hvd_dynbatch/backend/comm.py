@@ -52,7 +52,7 @@ class Communicator(abc.ABC):
 
         Collective, like `allgather`, and no other collective of this communicator may run
         between the two calls. Here the gather runs when the result is asked for; under
-        Horovod it starts at once (`HorovodCommunicator`).
+        MPI and Horovod it starts at once.
         """
         values = list(values)
         return lambda: self.allgather(values)
@@ -70,7 +70,7 @@ class LocalCommunicator(Communicator):
 
 
 class MPICommunicator(Communicator):
-    """All-gather over an mpi4py communicator (MPI's Allgather on a float64 buffer)."""
+    """All-gather over an mpi4py communicator (MPI's Iallgather on a float64 buffer)."""
 
     backend = "mpi4py"
 
@@ -88,10 +88,22 @@ class MPICommunicator(Communicator):
         return self._size
 
     def allgather(self, values: Sequence[float]) -> np.ndarray:
+        return self.allgather_async(values)()
+
+    def allgather_async(self, values: Sequence[float]) -> Callable[[], np.ndarray]:
+        """Start MPI's non-blocking Iallgather now; the returned function waits for it.
+
+        Started before the optimizer waits for the gradients, it progresses while Horovod's
+        background thread drives MPI for their allreduce, so the exchange rarely waits.
+        """
         send = np.ascontiguousarray(values, dtype=np.float64)
         recv = np.empty((self.size, send.size), dtype=np.float64)
-        self._comm.Allgather(send, recv)
-        return recv
+        request = self._comm.Iallgather(send, recv)
+
+        def result() -> np.ndarray:
+            request.Wait()
+            return recv
+        return result
 
 
 class HorovodCommunicator(Communicator):
