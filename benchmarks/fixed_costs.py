@@ -9,6 +9,9 @@ the timings. Reported: adjustments until every later window holds the target sha
 ideal split's throughput ('-': never within the run), the noise-free efficiency then held
 (median), and the controller's time per adjustment. A second table does the same after each
 event of a schedule (a tenth of the workers slows down, a quarter leaves, a quarter joins).
+A third runs with drift: each worker's speed also takes a lognormal factor drawn afresh each
+window, which no rule can foresee; it reports how much of the ideal (mean-speed) split's
+throughput each rule's split keeps, under the same draws.
 With `--seeds N` every figure is the median over N clusters (rates and noise drawn from seeds
 0 to N - 1), as one seed's noise can move a rule's adjustments to the target by several.
 
@@ -28,6 +31,9 @@ from hvd_dynbatch.core.simulator import Event, Scenario, simulate
 OVERHEADS = (0.0, 0.05, 0.2)
 SPREADS = (4.0, 8.0)
 EVENTS = "10:slow=0.1@2;20:leave=0.25;30:join=0.25"
+DRIFTS = (0.1, 0.2)
+# Drift runs: efficiencies from this window on, past the start from an even split.
+DRIFT_FROM = 5
 
 
 def settled(segments: list) -> list:
@@ -49,6 +55,14 @@ def quiet_and_noisy(base: Scenario, rule: Rule, target: float, seeds: int) -> tu
     quiet, noisy = ([list(per_seed) for per_seed in zip(*(r["segments"] for r in run))]
                     for run in runs)
     return quiet, noisy, statistics.median(r["controller_seconds"] for r in runs[1])
+
+
+def drifting(scenario: Scenario, rule: Rule) -> tuple:
+    """The mean efficiency (same draws) and noise-free efficiency of a drift run's windows
+    from `DRIFT_FROM` on."""
+    history = simulate(scenario, rule)["history"][DRIFT_FROM:]
+    return tuple(statistics.mean(h[key] for h in history)
+                 for key in ("efficiency", "noise_free_efficiency"))
 
 
 def main():
@@ -80,6 +94,14 @@ def main():
             for q, s in zip(quiet[1:], noisy[1:]):
                 event_rows.append([n, rule.value, f"at {q[0]['start']}", q[0]["workers"],
                                    *settled(q), *settled(s)])
+    drift_rows = []
+    for drift in DRIFTS:
+        for n in workers:
+            for rule in Rule:
+                held = [drifting(Scenario(n, overhead=0.05, drift=drift, seed=seed), rule)
+                        for seed in range(args.seeds)]
+                drift_rows.append([drift, n, rule.value,
+                                   *(f"{statistics.median(h):.1%}" for h in zip(*held))])
     target = f"{args.target:.0%}"
     seeds = ("seed 0" if args.seeds == 1 else
              f"medians over seeds 0-{args.seeds - 1} (rates and noise drawn from each)")
@@ -100,6 +122,15 @@ def main():
         f"columns per segment after each event (a leave or join restarts from an even split).",
         ["workers", "rule", "event", "workers after", f"no noise: to {target}",
          "no noise: held", f"5% noise: to {target}", "5% noise: held"], event_rows)
+    print()
+    print_report(
+        f"Drift: each worker's speed times exp(drift x N(0, 1)), drawn afresh each window, "
+        f"besides 5% noise per step; overhead 0.05 s, spread 4, 30 adjustments, {seeds}. "
+        f"Efficiency of each window's split from window {DRIFT_FROM} on (mean): 'same draws' "
+        f"against the ideal split of the workers' mean speeds under the same draws (what a "
+        f"job would see), 'noise-free' from expected step times.",
+        ["drift", "workers", "rule", "efficiency, same draws", "efficiency, noise-free"],
+        drift_rows)
 
 
 if __name__ == "__main__":

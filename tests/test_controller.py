@@ -288,6 +288,47 @@ class TestModelRule:
             assert c.state.fixed == pytest.approx(fixed, abs=0.005)
         assert np.abs(splits[0] - splits[1]).max() <= 1
 
+    def drifting(self, controller, split, fixed, rates, adjustments, drift, seed=0):
+        """Like `adjust`, each worker's time also times exp(drift N(0, 1)), drawn afresh
+        each adjustment (a speed that moves between windows)."""
+        rng = np.random.default_rng(seed)
+        for _ in range(adjustments):
+            factor = np.exp(drift * rng.standard_normal(len(split)))
+            split = controller.update(split, self.times(split, fixed, rates) * factor)
+        return split
+
+    def test_a_speed_that_drifts_between_windows_keeps_the_lines(self):
+        # 64 workers, a = 0.05 s, speeds drifting by 15% (log sd) per window. A fixed 25%
+        # threshold would take 14% of the readings for changes of speed and forget the
+        # line each time; the misses' spread raises it to about 3 x 0.15.
+        fixed, rates = np.full(64, 0.05), np.linspace(100.0, 400.0, 64)
+        c = BatchController(ControllerConfig(64 * 64, rule=Rule.MODEL))
+        self.drifting(c, np.full(64, 64), fixed, rates, 30, 0.15)
+        assert 0.12 < c.state.scatter < 0.2
+        # Weights of readings kept since the last reset (1 for a reset just now; 16 for
+        # a worker never reset, with memory 16): nearly all have kept a long history.
+        assert np.median(c.state.moments[0]) > 12
+        assert np.mean(c.state.moments[0] < 4) < 0.05
+
+    def test_a_real_change_is_still_taken_under_drift(self):
+        fixed, rates = np.full(64, 0.05), np.linspace(100.0, 400.0, 64)
+        c = BatchController(ControllerConfig(64 * 64, rule=Rule.MODEL))
+        split = self.drifting(c, np.full(64, 64), fixed, rates, 20, 0.1)
+        slowed = rates.copy()
+        slowed[0] /= 3
+        self.drifting(c, split, fixed, slowed, 1, 0.1, seed=1)
+        assert c.state.moments[0, 0] == 1.0
+        assert np.median(c.state.moments[0]) > 10
+
+    def test_a_change_every_worker_shares_is_not_scatter(self):
+        fixed, rates = np.full(8, 0.1), np.linspace(100.0, 450.0, 8)
+        c = BatchController(ControllerConfig(400, rule=Rule.MODEL))
+        split = self.adjust(c, np.full(8, 50), fixed, rates, 5)
+        assert c.state.scatter == pytest.approx(0.0, abs=1e-9)
+        # Every step 15% longer (a slower network, say): every line is off by the same.
+        c.update(split, 1.15 * self.times(split, fixed, rates))
+        assert c.state.scatter == pytest.approx(0.0, abs=1e-9)
+
     def test_errors_of_another_shape_are_refused(self):
         with pytest.raises(DynBatchError, match="errors"):
             BatchController(ControllerConfig(64, rule=Rule.MODEL)).update(
@@ -303,3 +344,9 @@ class TestModelRule:
         restored.update(split, self.times(split, fixed, rates))
         assert restored.state.moments.shape == (7, 2)
         assert restored.state.moments[0] == pytest.approx([1.0, 1.0])
+
+    def test_a_state_saved_without_the_misses_spread_loads(self):
+        saved = BatchController(ControllerConfig(100, rule=Rule.MODEL)).state.state_dict()
+        del saved["scatter"], saved["scatter_weight"]
+        state = ControllerState.from_state_dict(saved)
+        assert (state.scatter, state.scatter_weight) == (0.0, 0.0)

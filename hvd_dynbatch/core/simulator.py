@@ -4,6 +4,11 @@ Pure numpy. Worker i computes a batch of b samples in
 
     t_i = overhead + b / rate_i,   times (1 + noise * N(0, 1)) per step, floored at 1% of itself,
 
+and, with `drift`, times exp(drift * N(0, 1)) drawn afresh per worker and window: a speed that
+moves between windows and holds within one, as a shared node's does, which the spread of a
+window's steps does not show. The ideal split stays the one of the workers' mean speeds;
+no controller can foresee the next window's draw.
+
 and every step ends with a ring allreduce of the gradients (`RingAllreduce`), so a step of the
 job takes max_i t_i plus the allreduce. The split is fixed for `steps` steps between two
 adjustments; the controller then sees each worker's median time over them and its relative
@@ -158,6 +163,7 @@ class ClusterModel:
     rate_changes: Dict[int, Sequence[float]] = field(default_factory=dict)
     steps: int = 1
     allreduce: RingAllreduce = RingAllreduce()
+    drift: float = 0.0
 
     def __post_init__(self):
         self.rates = np.asarray(self.rates, dtype=np.float64)
@@ -183,8 +189,11 @@ class ClusterModel:
 
     def noise_draws(self, workers: int) -> np.ndarray:
         """Multiplicative noise for one window: `steps` x `workers`."""
-        jitter = 1 + self.noise * self._rng.standard_normal((self.steps, workers))
-        return np.maximum(jitter, 0.01)
+        jitter = np.maximum(1 + self.noise * self._rng.standard_normal((self.steps, workers)),
+                            0.01)
+        if self.drift:
+            jitter = jitter * np.exp(self.drift * self._rng.standard_normal(workers))
+        return jitter
 
     def window_seconds(self, split: Sequence[float], adjustment: int,
                        draws: np.ndarray) -> float:
@@ -243,7 +252,8 @@ def run_adjustments(controller: BatchController, cluster: ClusterModel, adjustme
 
 @dataclass(frozen=True)
 class Scenario:
-    """One simulated cluster and run: N workers, their spread, noise, events, allreduce.
+    """One simulated cluster and run: N workers, their spread, noise, drift, events,
+    allreduce.
 
     The global batch is `batch_per_worker` times the starting worker count and stays fixed
     through joins and leaves. `steps` is the number of steps between two adjustments.
@@ -261,6 +271,7 @@ class Scenario:
     allreduce: RingAllreduce = RESNET50_100GBIT
     events: tuple = ()
     seed: int = 0
+    drift: float = 0.0
 
     def __post_init__(self):
         if self.workers < 1:
@@ -268,9 +279,9 @@ class Scenario:
         for name in ("steps", "adjustments", "batch_per_worker"):
             if getattr(self, name) < 1:
                 raise DynBatchError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.noise < 0 or self.overhead < 0:
-            raise DynBatchError(f"the noise and the overhead must not be negative, got "
-                                f"{self.noise} and {self.overhead}")
+        if self.noise < 0 or self.overhead < 0 or self.drift < 0:
+            raise DynBatchError(f"the noise, the overhead and the drift must not be negative, "
+                                f"got {self.noise}, {self.overhead} and {self.drift}")
         if not self.spread >= 1:
             raise DynBatchError(f"the rate spread must be at least 1, got {self.spread}")
 
@@ -290,7 +301,7 @@ class Scenario:
                 raise DynBatchError(f"after event at {event.at} there are {current.size} "
                                     f"workers for a global batch of {self.global_batch}")
         return ClusterModel(rates, self.overhead, self.noise, self.seed + 1, changes,
-                            self.steps, self.allreduce)
+                            self.steps, self.allreduce, self.drift)
 
 
 def settling(history: List[dict], starts: Sequence[int], target: float) -> List[dict]:

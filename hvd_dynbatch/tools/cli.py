@@ -248,6 +248,9 @@ def plot(metrics, output, title):
               help="Fastest worker's rate over the slowest's.")
 @click.option("--noise", default=_SCENARIO.noise, show_default=True,
               help="Relative standard deviation of each step's compute time.")
+@click.option("--drift", default=_SCENARIO.drift, show_default=True,
+              help="Log standard deviation of a worker's speed factor, drawn afresh each "
+                   "adjustment window (a shared node's speed moving between windows).")
 @click.option("--steps-per-adjustment", default=_SCENARIO.steps, show_default=True,
               help="Steps between adjustments (the controller sees each worker's median).")
 @click.option("--adjustments", default=_SCENARIO.adjustments, show_default=True)
@@ -268,7 +271,7 @@ def plot(metrics, output, title):
 @click.option("--target", default=SETTLED, show_default=True,
               help="Efficiency against the ideal split that counts as settled.")
 @click.option("--seed", default=_SCENARIO.seed, show_default=True)
-def simulate(workers, rules, rates, spread, noise, steps_per_adjustment, adjustments,
+def simulate(workers, rules, rates, spread, noise, drift, steps_per_adjustment, adjustments,
              batch_per_worker, overhead, gradient_mb, bandwidth_gbps, latency_us, events,
              target, seed):
     """Run the batch controller against a simulated cluster of many workers."""
@@ -280,6 +283,6 @@ def simulate(workers, rules, rates, spread, noise, steps_per_adjustment, adjustm
     base = Scenario(workers[0], RateDistribution(rates), spread, noise, steps_per_adjustment,
                     adjustments, batch_per_worker, overhead,
                     RingAllreduce(gradient_mb * 1e6, bandwidth_gbps * 1e9 / 8, latency_us * 1e-6),
-                    tuple(Event.parse_schedule(events)), seed)
+                    tuple(Event.parse_schedule(events)), seed, drift)
     click.echo(scale_study(base, workers, rules or list(Rule), target,
                            lambda runs: tqdm(runs, desc="simulating", disable=None)))

@@ -58,7 +58,9 @@ def describe(scenario: Scenario, target: float) -> str:
     ring = scenario.allreduce
     return (
         f"Simulated clusters: worker rates {scenario.distribution.value} with spread "
-        f"{scenario.spread:g}x, {scenario.noise:.0%} noise per step, {scenario.steps} steps per "
+        f"{scenario.spread:g}x, {scenario.noise:.0%} noise per step, "
+        f"{f'speed drift {scenario.drift:g} (log sd per window), ' if scenario.drift else ''}"
+        f"{scenario.steps} steps per "
         f"adjustment (the controller sees each worker's median), {scenario.adjustments} "
         f"adjustments, global batch {scenario.batch_per_worker} x workers, per-step overhead "
         f"{scenario.overhead:g} s, ring allreduce of {ring.gradient_bytes / 1e6:g} MB at "
