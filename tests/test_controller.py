@@ -139,7 +139,7 @@ class TestPIDMechanisms:
 
     def test_deadband_holds_the_split_where_p_would_move(self):
         # Predicted imbalance 4% < 5%: nothing moves, and no integral is kept.
-        c = BatchController(ControllerConfig(1000))
+        c = BatchController(ControllerConfig(1000, rule=Rule.PID))
         assert c.update([500, 500], [1.0, 1.04]).tolist() == [500, 500]
         assert c.state.integral.tolist() == [0, 0]
         p = BatchController(ControllerConfig(1000, rule=Rule.P))
@@ -150,13 +150,13 @@ class TestPIDMechanisms:
     def test_step_limit_bounds_one_adjustment(self):
         # Rates 500 and 125: the proportional target is 800/200, but one adjustment moves a
         # worker by at most max_change x B = 100 samples.
-        c = BatchController(ControllerConfig(1000, max_change=0.1))
+        c = BatchController(ControllerConfig(1000, rule=Rule.PID, max_change=0.1))
         split = c.update([500, 500], [1.0, 4.0])
         assert split.tolist() == [600, 400]
         assert c.update(split, split / np.array([500.0, 125.0])).tolist() == [700, 300]
 
     def test_integral_accumulates_a_persistent_error_and_resets_on_a_sign_change(self):
-        c = BatchController(ControllerConfig(1000))
+        c = BatchController(ControllerConfig(1000, rule=Rule.PID))
         # Rates 500 and 400 (imbalance 25%, the damped zone): target 555.6 for worker 0.
         split = c.update([500, 500], [1.0, 1.25])
         assert c.state.integral[0] == pytest.approx(55.556, abs=1e-3)
@@ -173,7 +173,7 @@ class TestPIDMechanisms:
         assert c.state.integral[0] == pytest.approx(522.388 - 552.222, abs=1e-3)
 
     def test_a_fast_step_takes_the_whole_way_and_clears_the_integral(self):
-        c = BatchController(ControllerConfig(1000))
+        c = BatchController(ControllerConfig(1000, rule=Rule.PID))
         split = c.update([500, 500], [1.0, 1.25])
         assert c.state.integral[0] != 0
         # Imbalance 300% > fast_threshold: straight to the proportional split 800/200.
@@ -181,7 +181,7 @@ class TestPIDMechanisms:
         assert c.state.integral.tolist() == [0, 0]
 
     def test_a_split_set_from_outside_restarts_the_state(self):
-        c = BatchController(ControllerConfig(1000))
+        c = BatchController(ControllerConfig(1000, rule=Rule.PID))
         split = c.update([500, 500], [1.0, 1.25])
         split = c.update(split, split / np.array([500.0, 400.0]))
         assert c.state.readings.tolist() == [2, 2] and c.state.integral[0] != 0

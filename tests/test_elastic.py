@@ -263,7 +263,9 @@ def test_a_world_of_the_same_size_resumes_with_the_committed_split(committed):
     resumed = joined.steps.batching
     assert (joined.comm.rank, joined.comm.size) == (1, 2)
     assert resumed.split == (20, 44)
-    assert resumed.controller.state.state_dict() == batching.controller.state.state_dict()
+    # As JSON, so that the fixed costs not yet fitted (NaN) compare equal.
+    assert (json.dumps(resumed.controller.state.state_dict(), sort_keys=True)
+            == json.dumps(batching.controller.state.state_dict(), sort_keys=True))
     assert resumed.state_dict()["position"] == batching.state_dict()["position"]
     assert (resumed.step, resumed.clock) == (7, batching.clock) and resumed.step == 7
     assert trainer.schedule.lr(10) != ELASTIC.lr

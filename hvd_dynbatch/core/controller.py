@@ -10,7 +10,7 @@ r_i = b_i / t_i, and all workers finish together when b_i is proportional to r_i
 
     b_i' = B * r_i / sum_j r_j                                  (rule "p")
 
-The refined rule ("pid", the default) treats the proportional target as the set-point of a
+The refined rule ("pid") treats the proportional target as the set-point of a
 controller acting on a continuous allocation y (floats summing to B; the integer split is y
 rounded), with ideas from PID control:
 
@@ -33,12 +33,13 @@ rounded), with ideas from PID control:
 * bounds: every worker's batch stays within [min_batch, max_batch] (a memory cap), and the
   global batch B is conserved exactly by largest-remainder rounding.
 
-The model rule ("model") is for steps with fixed costs. Both rules above assume a worker's
-time is proportional to its batch, t = b / r. Real steps are not: kernel launches, the
-optimizer step, the tail of the allreduce and data handling cost time at any batch size, so
-t_i(b) = a_i + c_i b. The proportional split still has the equal-time point as its fixed
-point (b_i proportional to b_i / (a_i + c_i b_i) holds exactly when every a_i + c_i b_i is
-the same), but it only creeps there: in the cluster model with fixed costs of 0.2 s and a
+The model rule ("model", the default) is for steps with fixed costs, and without them it
+does as well as "pid" (`benchmarks/RESULTS.md`, "Fixed step costs"). Both rules above assume
+a worker's time is proportional to its batch, t = b / r. Real steps are not: kernel
+launches, the optimizer step, the tail of the allreduce and data handling cost time at any
+batch size, so t_i(b) = a_i + c_i b. The proportional split still has the equal-time point
+as its fixed point (b_i proportional to b_i / (a_i + c_i b_i) holds exactly when every
+a_i + c_i b_i is the same), but it only creeps there: in the cluster model with fixed costs of 0.2 s and a
 spread of 8, "pid" needed 20 adjustments at 64 workers to hold 95% of the ideal. "model"
 fits each worker's line and jumps to where the lines meet:
 
@@ -147,7 +148,7 @@ class ControllerConfig:
     global_batch: int
     min_batch: int = 1
     max_batch: Optional[int] = None
-    rule: Rule = Rule.PID
+    rule: Rule = Rule.MODEL
     gain: float = 0.5
     integral_gain: float = 0.1
     deadband: Optional[float] = None

@@ -93,8 +93,8 @@ def _configured(*decls, **kwargs):
 @_configured("--max-steps", type=int, help="Stop after this many steps.")
 @_configured("--batching", type=click.Choice([b.value for b in Batching]))
 @_configured("--controller", type=click.Choice([r.value for r in Rule]),
-             help="Dynamic batching rule: plain proportional, refined (pid), or a fitted "
-                  "fixed-plus-per-sample time model (model; experimental).")
+             help="Dynamic batching rule: a fitted fixed-plus-per-sample time model "
+                  "(model), refined proportional (pid), or plain proportional (p).")
 @_configured("--controller-gain",
              help="pid: fraction of the way to the balanced split moved per adjustment.")
 @_configured("--integral-gain", help="pid: weight of the accumulated same-sign error.")

@@ -97,7 +97,7 @@ class TrainConfig:
     epochs: Optional[int] = None
     max_steps: Optional[int] = None
     batching: Batching = Batching.DYNAMIC
-    controller: Rule = Rule.PID
+    controller: Rule = Rule.MODEL
     controller_gain: float = ControllerConfig.gain
     integral_gain: float = ControllerConfig.integral_gain
     adjust_every: int = 5
