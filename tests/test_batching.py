@@ -60,6 +60,33 @@ def test_without_loader_workers_a_split_takes_effect_at_the_next_step():
     assert batching.lag == 0 and [len(s) for s in steps] == [32, 32, 32, 51, 51]
 
 
+class SwingingPeer(SlowPeer):
+    """Like SlowPeer, but at every second exchange the peer is 4x faster instead: every
+    exchange decides a new split."""
+
+    def __init__(self):
+        self.gathers = 0
+
+    def allgather(self, values):
+        gathered = super().allgather(values)
+        self.gathers += 1
+        if self.gathers % 2 == 0:
+            gathered[1, 2] /= 16
+        return gathered
+
+
+def test_splits_no_longer_in_force_are_forgotten():
+    peer = SwingingPeer()
+    batching = DynamicBatching(DATA, 64, peer, adjust_every=1,
+                               controller=ControllerConfig(64, rule=Rule.P))
+    steps = take(batching.loader(), batching, 40)
+    # 15 full steps of 64 in an epoch of 1000 samples.
+    assert [len(s) for s in steps[:15]] == [32] + [51, 32] * 7 and peer.gathers == 40
+    # A split was decided at every step; only the one in force is kept (a job of days would
+    # otherwise scan and sort hundreds of thousands of them at every exchange).
+    assert len(batching._splits) == 1
+
+
 def test_the_controller_is_given_each_ranks_time_and_its_error():
     batching = DynamicBatching(DATA, 64, SlowPeer(), adjust_every=3,
                                controller=ControllerConfig(64, rule=Rule.MODEL))

@@ -267,7 +267,8 @@ class DynamicBatching:
         return sampler.steps_per_epoch()
 
     def split_at(self, step: int) -> tuple:
-        """The split in force at `step` (the last decision taking effect at or before it)."""
+        """The split in force at `step` (the last decision taking effect at or before it), for
+        a step from the last exchange on: splits no longer in force then are forgotten."""
         for first, split in reversed(self._splits):
             if first <= step:
                 return split
@@ -402,6 +403,7 @@ class DynamicBatching:
                 self.last_full_split = record.batch_sizes
         self._records.extend(records)
         self._control(heads[:, 1], heads[:, 2])
+        self._forget_past_splits()
         elapsed = time.perf_counter() - started
         self.exchange_seconds += elapsed
         self.clock += elapsed
@@ -443,6 +445,14 @@ class DynamicBatching:
                                 f"shorter than the loader's prefetch")
         self._splits = sorted([(s, sp) for s, sp in self._splits if s != first_step]
                               + [(first_step, tuple(int(b) for b in split))])
+
+    def _forget_past_splits(self) -> None:
+        """Keep the split in force at the next step to train and those decided after it:
+        no later lookup asks for an earlier step, and a job of days decides hundreds of
+        thousands of splits."""
+        in_force = max((k for k, (first, _) in enumerate(self._splits) if first <= self.step),
+                       default=0)
+        del self._splits[:in_force]
 
     def _controller_for(self, batch: int, state: Optional[ControllerState] = None):
         """A controller with the configured settings for a global batch of `batch`."""
