@@ -39,9 +39,9 @@ a worker's time is proportional to its batch, t = b / r. Real steps are not: ker
 launches, the optimizer step, the tail of the allreduce and data handling cost time at any
 batch size, so t_i(b) = a_i + c_i b. The proportional split still has the equal-time point
 as its fixed point (b_i proportional to b_i / (a_i + c_i b_i) holds exactly when every
-a_i + c_i b_i is the same), but it only creeps there: in the cluster model with fixed costs of 0.2 s and a
-spread of 8, "pid" needed 20 adjustments at 64 workers to hold 95% of the ideal. "model"
-fits each worker's line and jumps to where the lines meet:
+a_i + c_i b_i is the same), but it only creeps there: in the cluster model with fixed costs
+of 0.2 s and a spread of 8, "pid" needed 20 adjustments at 64 workers to hold 95% of the
+ideal. "model" fits each worker's line and jumps to where the lines meet:
 
 * each worker's readings (b, t) give a_i and c_i by least squares, the older ones weighing
   less (by 1 - 1/`memory` per adjustment) and each by 1 / t^2: a reading's noise is a share
@@ -139,7 +139,8 @@ class ControllerConfig:
         a reading's weight falls by 1 - 1/memory per adjustment (None: the rule's own
         default).
     change_threshold: relative distance of a reading from the estimate that restarts the
-        average, a real change of the worker's speed ("pid"; "model": from the fitted line).
+        average, a real change of the worker's speed ("pid"; "model": from the fitted line,
+        and also beyond 3 times the readings' spread about their lines).
     identify: spread of a worker's batches (standard deviation over mean) from which a fit
         with no fixed cost counts; one claiming the fixed share f needs identify / (1 - f)
         ("model").
