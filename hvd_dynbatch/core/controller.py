@@ -425,7 +425,7 @@ class BatchController:
             changed = np.abs(miss) > max(np.log1p(cfg.change_threshold),
                                          _CHANGE_SIGMAS * st.scatter) + leeway
             st.moments[:, changed], st.fixed[changed] = 0.0, np.nan
-            st.scatter = self._scatter(np.sign(miss) * np.maximum(np.abs(miss) - leeway, 0.0))
+            self._fold_scatter(np.sign(miss) * np.maximum(np.abs(miss) - leeway, 0.0))
         forget = 1 - 1 / cfg.memory
         u = 1 / (t * t)
         st.moments = forget * st.moments + np.array([np.ones(n), e * e, u, u * b, u * t,
@@ -440,20 +440,20 @@ class BatchController:
         st.allocation = self._moved(b, target - b)
         return st.allocation
 
-    def _scatter(self, misses: np.ndarray) -> float:
-        """The misses' spread folded into the running estimate: their robust spread about
-        their median (a change every worker shares, such as a slower network, is not
+    def _fold_scatter(self, misses: np.ndarray) -> None:
+        """Fold the misses' spread into the state's running estimate: their robust spread
+        about their median (a change every worker shares, such as a slower network, is not
         scatter; nor, while they are fewer than half, are real changes), forgotten like the
         readings. All misses count: leaving out those taken for changes would cut the
         spread at the threshold it sets, and it would never grow past it."""
         st, forget = self.state, 1 - 1 / self.config.memory
         misses = misses[np.isfinite(misses)]
         if misses.size < 2:
-            return st.scatter
+            return
         spread = 1.4826 * _median(np.abs(misses - _median(misses)))
         weight = forget * st.scatter_weight
         st.scatter_weight = weight + 1
-        return float(np.sqrt((weight * st.scatter ** 2 + spread ** 2) / st.scatter_weight))
+        st.scatter = float(np.sqrt((weight * st.scatter ** 2 + spread ** 2) / st.scatter_weight))
 
     def _continues(self, b: np.ndarray) -> bool:
         """Whether `b` is the split this controller chose last (else: the first call, a new
