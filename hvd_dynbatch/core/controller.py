@@ -283,6 +283,12 @@ def _median(values: np.ndarray) -> float:
     return float((low + high) / 2)
 
 
+def _robust_sigma(values: np.ndarray, centre: float) -> float:
+    """1.4826 times the median absolute deviation of `values` from `centre`: the standard
+    deviation of normal values, and moved by outliers no more than the median is."""
+    return 1.4826 * _median(np.abs(values - centre))
+
+
 def _shrunk(fixed: np.ndarray, variance: np.ndarray, pool: np.ndarray) -> np.ndarray:
     """Each fixed cost's posterior mean under the prior the `pool`ed ones give (see the
     module docstring), `variance` being each fit's own; the fits as they are when fewer than
@@ -291,7 +297,7 @@ def _shrunk(fixed: np.ndarray, variance: np.ndarray, pool: np.ndarray) -> np.nda
     if pool.sum() < 2 or not np.any(variance[pool] > 0):
         return fixed
     centre = _median(fixed[pool])
-    spread = 1.4826 * _median(np.abs(fixed[pool] - centre))
+    spread = _robust_sigma(fixed[pool], centre)
     prior = max(spread * spread - _median(variance[pool]), 0.0)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(variance > 0, (fixed * prior + centre * variance) / (prior + variance),
@@ -450,7 +456,7 @@ class BatchController:
         misses = misses[np.isfinite(misses)]
         if misses.size < 2:
             return
-        spread = 1.4826 * _median(np.abs(misses - _median(misses)))
+        spread = _robust_sigma(misses, _median(misses))
         weight = forget * st.scatter_weight
         st.scatter_weight = weight + 1
         st.scatter = float(np.sqrt((weight * st.scatter ** 2 + spread ** 2) / st.scatter_weight))
