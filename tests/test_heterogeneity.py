@@ -36,8 +36,8 @@ def test_world_size_mismatch_is_named():
 
 
 def _emulator(spec, rank):
-    slept = []
-    return Emulator(Slowdown.parse(spec), rank, memory=3, sleep=slept.append), slept
+    slept, slowdown = [], Slowdown.parse(spec)
+    return Emulator(slowdown, rank, slowdown.world_size, memory=3, sleep=slept.append), slept
 
 
 def test_emulation_sleeps_until_the_compute_costs_the_factor_times_the_typical_one():
@@ -78,6 +78,19 @@ def test_steps_with_every_rank_slowed_or_no_samples_leave_the_typical_compute_al
     assert slept[1] == pytest.approx((4 * 0.003 - 0.005) * 10)
 
 
+def test_a_rank_alone_takes_its_typical_compute_from_its_first_steps_at_full_speed():
+    """Alone, a sleeping rank computes more slowly than at full speed (5 against 4 ms a
+    sample here): its step is 4 times its first steps', not 4 times its own."""
+    slept = []
+    slow = Emulator(Slowdown.parse("4"), 0, 1, calibration=5, sleep=slept.append)
+    for seconds in (0.1, 0.04, 0.04, 0.05, 0.04):   # their median: a cold start is not typical
+        slow.after_compute(0, 10, seconds)
+    assert slept == []
+    slow.after_compute(5, 10, 0.05)
+    slow.after_compute(6, 20, 0.1)
+    assert [0.05 + slept[0], 0.1 + slept[1]] == [pytest.approx(4 * 0.04), pytest.approx(4 * 0.08)]
+
+
 def test_a_rank_at_factor_one_or_without_compute_never_sleeps():
     fast, slept = _emulator("1,3", 0)
     fast.after_compute(0, 10, 0.05)
@@ -88,7 +101,7 @@ def test_a_rank_at_factor_one_or_without_compute_never_sleeps():
 
 
 def test_emulation_sleeps_for_real():
-    slow = Emulator(Slowdown.parse("1,3"), 1)
+    slow = Emulator(Slowdown.parse("1,3"), 1, 2)
     start = time.perf_counter()
     slow.after_compute(0, 4, 0.02)
     assert time.perf_counter() - start >= 0.039

@@ -114,14 +114,23 @@ class Emulator:
     which reads such jumps as changes of speed, did not settle after the slowdown moved.
 
     The typical compute is that of the job's ranks at factor 1, once an exchange has shown
-    their steps (`observe`); until then, or if every rank is slowed, or in a 1-rank job, it
-    is this rank's own, and the sleep is (s - 1) times it. A rank that sleeps computes more
-    slowly than one that does not: in 2-rank jobs on 2 cores (cnn, digits, batch 256, factor
-    8) the slowed rank's own compute ran 2-27% over the other rank's, and a sleep of (s - 1)
-    times it carried that excess s times, measuring 8.2-10.2x (now 8.0-8.3x). A per-sample
-    compute seen at the unslowed ranks' batches is taken to hold at this rank's: for the
-    benchmarked models it is flat within this machine's noise (ResNet-18 18.2-19.3 ms a
-    sample at batches 8 to 56, the CNN 237-419 us with no trend from 30 to 226).
+    their steps (`observe`); until then, or if every rank is slowed, it is this rank's own,
+    and the sleep is (s - 1) times it. A rank that sleeps computes more slowly than one that
+    does not: in 2-rank jobs on 2 cores (cnn, digits, batch 256, factor 8) the slowed rank's
+    own compute ran 2-27% over the other rank's, and a sleep of (s - 1) times it carried that
+    excess s times, measuring 8.2-10.2x (now 8.0-8.3x). A per-sample compute seen at the
+    unslowed ranks' batches is taken to hold at this rank's: for the benchmarked models it
+    is flat within this machine's noise (ResNet-18 18.2-19.3 ms a sample at batches 8 to 56,
+    the CNN 237-419 us with no trend from 30 to 226).
+
+    A rank alone (a 1-rank job, as standalone rates are measured) has no other rank to
+    follow, and its own compute once it sleeps is not its compute at full speed: here a step
+    after a pause of 45 ms, slept or spun, computed 12-18% more slowly than a step after a
+    step (cnn, batch 16), and 1-rank jobs at factor 8 ran 9.2-10.2 times as long a step as
+    at factor 1. Its first `calibration` computes therefore run at full speed, back to
+    back, and are its typical compute (the same jobs: 6.2-8.1 times, the spread of this
+    machine's speed between jobs). In a job the ranks at factor 1 pause too, waiting for
+    the slowed one, so the typical compute taken from them already carries that cost.
 
     What the medians are taken over must be clean: on 2 ranks sharing 2 cores, a rank
     spinning in Horovod's wait slowed the sleeping rank's compute, and a factor of 4
@@ -129,11 +138,13 @@ class Emulator:
     napping (`backend.weighting.wait_napping`).
     """
 
-    def __init__(self, slowdown: Optional[Slowdown], rank: int, memory: int = 9,
+    def __init__(self, slowdown: Optional[Slowdown], rank: int, world_size: int,
+                 memory: int = 9, calibration: int = 5,
                  sleep: Callable[[float], None] = time.sleep):
         self.slowdown, self.rank = slowdown, rank
         self._own = collections.deque(maxlen=memory)
         self._unslowed = collections.deque(maxlen=memory)
+        self._calibration = calibration if world_size == 1 else 0
         self._sleep = sleep
 
     def observe(self, records) -> None:
@@ -154,6 +165,10 @@ class Emulator:
         the step has cost s times the typical compute of `batch` samples, taking this rank's
         own compute to be its median one."""
         if self.slowdown is None or batch <= 0 or compute_seconds <= 0:
+            return
+        if self._calibration:
+            self._calibration -= 1
+            self._unslowed.append(compute_seconds / batch)
             return
         self._own.append(compute_seconds / batch)
         factor = self.slowdown.factor(step, self.rank)

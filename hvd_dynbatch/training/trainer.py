@@ -216,7 +216,7 @@ class Trainer:
                     _check_writable(path, option)
         self.metrics = MetricsWriter(None)
         self.samples_log = SampleLog(config.sample_log)
-        self.emulator = Emulator(None, 0)
+        self.emulator = Emulator(None, 0, 1)
         self.checksums = np.zeros(1)
         self.skipped_samples = 0      # unreadable samples replaced, over all ranks (at the end)
         self.checkpoints = (CheckpointDir(config.checkpoint_dir, config.checkpoint_keep,
@@ -261,7 +261,7 @@ class Trainer:
             if at_step > step:
                 steps.schedule_global_batch(at_step, scheduled)
         self.schedule.on_batch_change(step, batch)
-        self.emulator = Emulator(self.slowdown, comm.rank)
+        self.emulator = Emulator(self.slowdown, comm.rank, comm.size)
         self.metrics.set_path(cfg.metrics if comm.rank == 0 else None, append=not fresh)
         if not fresh:
             event = {"type": "reset"} if self._resumed_from is None else \
