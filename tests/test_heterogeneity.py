@@ -80,15 +80,22 @@ def test_steps_with_every_rank_slowed_or_no_samples_leave_the_typical_compute_al
 
 def test_a_rank_alone_takes_its_typical_compute_from_its_first_steps_at_full_speed():
     """Alone, a sleeping rank computes more slowly than at full speed (5 against 4 ms a
-    sample here): its step is 4 times its first steps', not 4 times its own."""
+    sample here): its step is 4 times the last of its first steps', not 4 times its own."""
     slept = []
-    slow = Emulator(Slowdown.parse("4"), 0, 1, calibration=5, sleep=slept.append)
-    for seconds in (0.1, 0.04, 0.04, 0.05, 0.04):   # their median: a cold start is not typical
-        slow.after_compute(0, 10, seconds)
+    slow = Emulator(Slowdown.parse("4"), 0, 1, memory=3, calibration=5, sleep=slept.append)
+    for step, seconds in enumerate((0.1, 0.09, 0.04, 0.05, 0.04)):  # warming up, then typical
+        slow.after_compute(step, 10, seconds)
     assert slept == []
     slow.after_compute(5, 10, 0.05)
     slow.after_compute(6, 20, 0.1)
     assert [0.05 + slept[0], 0.1 + slept[1]] == [pytest.approx(4 * 0.04), pytest.approx(4 * 0.08)]
+    assert [slow.calibrated(step) for step in (0, 4, 5)] == [True, True, False]
+
+
+def test_ranks_of_a_job_follow_the_unslowed_ranks_without_calibrating():
+    slow, slept = _emulator("1,4", 1)
+    slow.after_compute(0, 10, 0.05)
+    assert slept == [pytest.approx(0.15)] and not slow.calibrated(0)
 
 
 def test_a_rank_at_factor_one_or_without_compute_never_sleeps():

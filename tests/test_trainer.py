@@ -15,7 +15,7 @@ from hvd_dynbatch.backend.backends import LocalBackend
 from hvd_dynbatch.data.datasets import load_dataset
 from hvd_dynbatch.errors import DynBatchError
 from hvd_dynbatch.training.config import TrainConfig
-from hvd_dynbatch.training.metrics import read_metrics, step_records
+from hvd_dynbatch.training.metrics import read_metrics, steady_steps, step_records
 from hvd_dynbatch.training.models import build_model
 from hvd_dynbatch.training.trainer import Trainer, train
 from evaluation import replay_delayed_sgd, top1_top5
@@ -67,6 +67,15 @@ def test_synchronous_loop_is_plain_sgd_over_the_planned_steps(tmp_path):
         opt.step()
     assert_same_weights(weights, model.state_dict(), atol=1e-7)
     assert summary["final_accuracy"] == pytest.approx(top1_top5(weights, "mlp", data)[0])
+
+
+def test_a_slowed_rank_alone_marks_the_steps_it_calibrated_on_and_they_are_not_steady(
+        tmp_path):
+    _, records, _, _ = run(tmp_path, global_batch=64, max_steps=20, eval_every=0,
+                           slowdown="3")
+    marked = [r["step"] for r in step_records(records) if r.get("emulator_calibration")]
+    assert marked == list(range(12))
+    assert [r["step"] for r in steady_steps(records)] == list(range(12, 20))
 
 
 @pytest.mark.parametrize("staleness, momentum", [

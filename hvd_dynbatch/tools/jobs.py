@@ -51,7 +51,10 @@ def measuring_run(steps: int) -> list:
 def standalone_rates(factors: Sequence[str], batch: int, options: Sequence[str],
                      steps: int = 30) -> dict:
     """Each worker alone: for each distinct slowdown factor, the steady samples/s of a 1-rank
-    job of `options` at batch `batch` with that emulated factor, over `steps` steps."""
+    job of `options` at batch `batch` with that emulated factor, over `steps` steps.
+
+    A slowed rank alone runs its first 12 steps at full speed to learn its typical compute
+    (`Emulator`); the rate comes from the steps after them in the last 75%."""
     rates = {}
     for factor in factors:
         if factor not in rates:

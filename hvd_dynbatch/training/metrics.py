@@ -104,9 +104,11 @@ def step_records(records: list) -> list:
 
 def steady_steps(records: list, skip_fraction: float = 0.25) -> list:
     """The step records after the first `skip_fraction` of the run, which hold start-up
-    costs and, under dynamic batching, the even split the controller starts from."""
+    costs and, under dynamic batching, the even split the controller starts from; without
+    the steps that ran at full speed to calibrate an emulated slowdown (`Emulator`)."""
     steps = step_records(records)
-    return steps[int(len(steps) * skip_fraction):]
+    return [r for r in steps[int(len(steps) * skip_fraction):]
+            if not r.get("emulator_calibration")]
 
 
 def steady_throughput(records: list, skip_fraction: float = 0.25) -> float:

@@ -341,6 +341,8 @@ class Trainer:
                 self._info[step] = {"step": step, "generation": self.run.generation,
                                     "time": steps.clock, **info,
                                     **self._check_finite(step, info["lr"])}
+                if self.emulator.calibrated(step):
+                    self._info[step]["emulator_calibration"] = True
                 last = steps.step == total
                 if self._write(steps.exchange() if last else steps.take_records()) and \
                         progress is not None:
