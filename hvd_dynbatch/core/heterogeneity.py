@@ -9,8 +9,8 @@ The sleep comes after backward, sized from the recent computes of the ranks at f
 a 1-rank job from its own first steps at full speed (see `Emulator`). Horovod's hooks have
 sent the gradients by then, so the other ranks finish that step's allreduce and start their
 next step while this rank sleeps; but that next step's allreduce waits for this rank, so they
-lead by one step at most and every rank runs at the emulated worker's pace. The time this rank reports for the step (and gathers, for the
-controller) includes the sleep.
+lead by one step at most and every rank runs at the emulated worker's pace. The time this
+rank reports for the step (and gathers, for the controller) includes the sleep.
 
 Spec syntax: "1,1,2,4" (from step 0 on), or "0:1,4;50:4,1;80:1,1" (factors from each step on).
 `preset_factors` turns the papers' set-ups into factors: heterogeneity levels "HL4" (the
