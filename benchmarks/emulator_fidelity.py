@@ -73,8 +73,9 @@ def main():
     print_report(
         f"Emulated slowdown, {args.repeats} rounds, 1 thread per rank. Alone: samples/s of a "
         f"1-rank job at factor 1 / at the factor, from the median step time of the last 75% "
-        f"of steps, without the 12 it calibrates on. In a job: median of rank 1's / rank 0's compute time over the same steps "
-        f"of a 2-rank job at slowdown 1,f with equal batches (f = 1: the machine's own spread).",
+        f"of steps, without the 12 it calibrates on. In a job: median of rank 1's / rank 0's "
+        f"compute time over the last 75% of steps of a 2-rank job at slowdown 1,f with equal "
+        f"batches (f = 1: the machine's own spread).",
         ["model, data", "batch", "factor", "where", "measured (median)", "range", "off by"],
         rows)
 
