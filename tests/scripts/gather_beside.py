@@ -6,6 +6,7 @@ finished after it, and how long the last rank waited for a gather that rank 0 st
 then left alone for `HOLD` seconds before asking for its result.
 """
 import json
+import sys
 import time
 
 import horovod.torch as hvd
@@ -30,10 +31,13 @@ if rank == 0:
 late = result()[:, 0].tolist()
 waited = time.perf_counter() - started
 # One rank at a time: lines printed at the same moment can merge in horovodrun's output.
+# One write per line: with unbuffered output, print() writes the line's end on its own, and
+# Open MPI's tagged output can then tag the two pieces apart ('{...}[1,0]<stdout>:').
 for turn in range(hvd.size()):
     hvd.barrier()
     if turn == rank:
-        print(json.dumps({"rank": rank, "backend": comm.backend, "rows": rows,
-                          "allreduce_total": total, "late_rows": late, "waited": waited,
-                          "hold": HOLD}), flush=True)
+        sys.stdout.write(json.dumps({"rank": rank, "backend": comm.backend, "rows": rows,
+                                     "allreduce_total": total, "late_rows": late,
+                                     "waited": waited, "hold": HOLD}) + "\n")
+        sys.stdout.flush()
 hvd.barrier()
