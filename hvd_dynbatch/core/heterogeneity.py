@@ -149,7 +149,7 @@ class Emulator:
         self.slowdown, self.rank = slowdown, rank
         self._own = collections.deque(maxlen=memory)
         self._unslowed = collections.deque(maxlen=memory)
-        self._calibration = calibration if slowdown is not None and world_size == 1 else 0
+        self._calibration = calibration if world_size == 1 else 0
         self._calibrated = set()
         self._sleep = sleep
 
