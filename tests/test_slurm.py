@@ -23,9 +23,9 @@ FORMS = ("mpirun", "srun", "horovodrun")
 RUN = ["--model", "mlp", "--dataset", "digits", "--global-batch", "64", "--max-steps", "300",
        "--batching", "static", "--checkpoint-every", "20"]
 # How each launch form's ranks are reached by `scancel --signal=TERM`: mpirun and horovodrun
-# make no job step, so the signal must go to the batch shell they replaced (exec), and they
-# pass it on (mpirun after odls_base_sigkill_timeout, see slurm_mpirun.sbatch); srun's tasks
-# are a step, which scancel signals by default.
+# make no job step, so the signal must go to the batch shell, which passes it to the ranks
+# (slurm_job_launch in slurm_job.sh); srun's tasks are a step, which scancel signals by
+# default.
 SCANCEL = {"mpirun": ["--batch"], "srun": [], "horovodrun": ["--batch"]}
 
 
@@ -123,14 +123,16 @@ def test_scancel_term_checkpoints_and_stops_and_a_requeue_goes_on(slurm_cluster,
     done = slurm_cluster.run(["scancel", *SCANCEL[form], "--signal=TERM", str(job.id)])
     assert done.returncode == 0, done.stderr
     record = job.wait(60)
-    # The ranks stopped early, at the same step, with a checkpoint of it, and said so (but
-    # mpirun, once signalled, no longer passes the ranks' output on).
+    # The ranks stopped early, at the same step, with a checkpoint of it, and said so; the
+    # job failed (horovodrun, signalled itself, could report their status as 0).
     assert record["JobState"] == "FAILED", job.log()
     newest = job.checkpoints()[-1]
     assert newest not in before and int(Path(newest).stem.split("-")[1]) < 300, job.log()
     assert not job.model.exists()
-    if form != "mpirun":
-        assert "the same command with --resume goes on" in job.output(), job.log()
+    out = job.output()
+    assert out.count("the same command with --resume goes on") == 2, job.log()
+    if form != "srun":
+        assert "SIGTERM passed to the 2 training processes on" in out, job.log()
     job.requeue()
     record = job.wait()
     assert record["JobState"] == "COMPLETED" and record["Restarts"] == "1", job.log()
