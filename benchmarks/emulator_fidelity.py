@@ -3,12 +3,12 @@
 For each model, two measurements, `--repeats` rounds each; the table gives the median and the
 range over rounds:
 - alone: one worker (a 1-rank job, as the demo and `speedup.py` measure the standalone rates
-  their ideal speedups come from) at factor 1 and at each factor, in turns. A round's factor
-  is its rate at factor 1 over its rate at the factor. The emulation slows a step's compute
-  (fetch, forward, backward), not the optimizer's update after it, so a step whose share u
-  is outside the compute at factor 1 is expected at f (1 - u) + u times; the table gives that
-  too. Factor 1 alone is the control: a second job at factor 1 against the round's first,
-  how far apart two jobs of this machine already are.
+  their ideal speedups come from, `standalone_records`) at factor 1 and at each factor, in
+  interleaved phases of one job. A round's factor is its rate at factor 1 over its rate at
+  the factor. The emulation slows a step's compute (fetch, forward, backward), not the
+  optimizer's update after it, so a step whose share u is outside the compute at factor 1
+  is expected at f (1 - u) + u times; the table gives that too. Factor 1 alone is the
+  control: a second set of phases at factor 1 in the same job against the first.
 - in a job: 2 ranks at slowdown 1,f with equal static batches, sharing the machine's cores
   as the demo's ranks do. A round's factor is the median, over the steady steps, of rank 1's
   compute time over rank 0's; this is the factor the controller sees. Slowdown 1,1 is the
@@ -24,29 +24,33 @@ import sys
 
 from common import print_report
 
-from hvd_dynbatch.tools.jobs import measuring_run, run_training_job
-from hvd_dynbatch.training.metrics import steady_steps, steady_throughput
+from hvd_dynbatch.tools.jobs import measuring_run, run_training_job, standalone_records
+from hvd_dynbatch.training.metrics import steady_steps
 
-# (model options, batch of one worker, steps): the CNN at the per-rank batches of the demo
-# (digits, 512 on 2 ranks) and of speedup.py (synthetic, 256 on 2 ranks), a small batch, and
-# ResNet-18. A slowed rank alone calibrates on its first 12 steps (`Emulator`), so ResNet-18's
-# 24 steps leave 12 to measure.
+# (model options, batch of one worker, steps in a job): the CNN at the per-rank batches of the
+# demo (digits, 512 on 2 ranks) and of speedup.py (synthetic, 256 on 2 ranks), a small batch,
+# and ResNet-18.
 CASES = [
     (["--model", "cnn", "--dataset", "digits"], 256, 30),
     (["--model", "cnn", "--dataset", "synthetic"], 128, 30),
     (["--model", "cnn", "--dataset", "synthetic"], 16, 30),
     (["--model", "resnet18", "--dataset", "synthetic"], 32, 24),
 ]
+# A second name for factor 1 alone: its phases, interleaved with the first's, are the control.
+AGAIN = "1.0"
 
 
-def alone_job(factor: str, batch: int, options: list, steps: int) -> tuple:
-    """A 1-rank job at `factor`: its steady samples/s, and the median share of its step
+def alone_factors(factors: list, batch: int, options: list) -> tuple:
+    """One worker alone, in one job: its rate at factor 1 over its rate at each factor (at
+    "1", over that of the control's phases), and the median share of its step at factor 1
     outside the compute."""
-    records = run_training_job(1, [*options, "--global-batch", str(batch),
-                                   "--slowdown", factor, *measuring_run(steps)])
-    outside = statistics.median(1 - r["compute_times"][0] / r["step_time"]
-                                for r in steady_steps(records))
-    return steady_throughput(records), outside
+    kept = standalone_records(["1", AGAIN, *factors], batch, options)
+    time = {f: statistics.median(r["step_time"] for r in records)
+            for f, records in kept.items()}
+    outside = statistics.median(1 - r["compute_times"][0] / r["step_time"] for r in kept["1"])
+    ratios = {f: time[f] / time["1"] for f in factors}
+    ratios["1"] = time[AGAIN] / time["1"]
+    return ratios, outside
 
 
 def in_job_factor(factor: str, batch: int, options: list, steps: int) -> float:
@@ -68,16 +72,11 @@ def main():
         alone = {f: [] for f in ["1", *args.factors]}
         in_job = {f: [] for f in ["1", *args.factors]}
         outside = []
-        for repeat in range(args.repeats):
-            # Each round starts with a different factor, so none always runs first.
-            order = ["1", *args.factors]
-            order = order[repeat % len(order):] + order[:repeat % len(order)]
-            jobs = {f: alone_job(f, batch, options, steps) for f in order}
-            again, _ = alone_job("1", batch, options, steps)
-            base, share = jobs["1"]
+        for _ in range(args.repeats):
+            ratios, share = alone_factors(args.factors, batch, options)
             outside.append(share)
             for f in alone:
-                alone[f].append(base / (again if f == "1" else jobs[f][0]))
+                alone[f].append(ratios[f])
             for f in in_job:
                 in_job[f].append(in_job_factor(f, batch, options, steps))
         share = statistics.median(outside)
@@ -91,13 +90,14 @@ def main():
                 print(f"{rows[-1][0]} batch {batch}: factor {f} {where} measured {median:.2f}",
                       file=sys.stderr)
     print_report(
-        f"Emulated slowdown, {args.repeats} rounds, 1 thread per rank. Alone: samples/s of a "
-        f"1-rank job at factor 1 / at the factor (f = 1: / a second job at factor 1), from "
-        f"the median step time of the last 75% of steps, without the 12 it calibrates on; "
-        f"expected f (1 - u) + u, u the median share of the step outside the compute at "
-        f"factor 1. In a job: median of rank 1's / rank 0's compute time over the last 75% "
-        f"of steps of a 2-rank job at slowdown 1,f with equal batches (f = 1: the machine's "
-        f"own spread).",
+        f"Emulated slowdown, {args.repeats} rounds, 1 thread per rank. Alone: one 1-rank job "
+        f"per round whose factor cycles through 1, 1 again and the factors in phases of 10 "
+        f"steps, 3 times, after the 12 it calibrates on; the median step time at the factor "
+        f"over that at factor 1 (f = 1: the second phases at 1 over the first), each phase's "
+        f"first 2 steps left out; expected f (1 - u) + u, u the median share of the step "
+        f"outside the compute at factor 1. In a job: median of rank 1's / rank 0's compute "
+        f"time over the last 75% of steps of a 2-rank job at slowdown 1,f with equal batches "
+        f"(f = 1: the machine's own spread).",
         ["model, data", "batch", "factor", "where", "measured (median)", "range", "off by",
          "expected"],
         rows)

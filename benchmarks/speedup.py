@@ -1,7 +1,8 @@
 """Static versus dynamic batching throughput on 2 emulated-heterogeneous ranks.
 
 For each slowdown pair, three kinds of run with the same model, data and global batch:
-each worker alone (1 rank, its slowdown, batch B/2) for its standalone rate r_i; both workers
+each worker alone (1 rank, its slowdown, batch B/2; `standalone_rates` measures the workers of
+a pair in one job, in interleaved phases) for its standalone rate r_i; both workers
 with static batching; both with dynamic batching. It prints each speedup next to the ideal
 sum(r_i) / (n * min r_i), the most any split can give over equal batches.
 
@@ -30,17 +31,19 @@ def main():
     base = [*model, *measuring_run(args.steps)]
     rates = {}
 
-    def standalone(factor: str, batch: int) -> float:
-        """One worker alone: its rate with slowdown `factor` at batch `batch` (cached)."""
-        if (factor, batch) not in rates:
-            rates[factor, batch] = standalone_rates([factor], batch, model, args.steps)[factor]
-        return rates[factor, batch]
+    def standalone(factors: tuple, batch: int) -> dict:
+        """Workers alone: the rate of each of `factors` at batch `batch`, measured in one
+        job (cached)."""
+        if (factors, batch) not in rates:
+            rates[factors, batch] = standalone_rates(factors, batch, model)
+        return rates[factors, batch]
 
     rows = []
     for spec in args.slowdowns:
-        factors = spec.split(",")
+        factors = tuple(spec.split(","))
         n = len(factors)
-        even = [standalone(f, args.global_batch // n) for f in factors]
+        alone = standalone(factors, args.global_batch // n)
+        even = [alone[f] for f in factors]
         ideal = ideal_speedup(even)
         measured = {}
         for batching in ("static", "dynamic"):
@@ -49,7 +52,7 @@ def main():
                 "--batching", batching])
             measured[batching] = steady_throughput(records)
         split = records[-1]["final_split"]
-        limit = sum(standalone(f, b) for f, b in zip(factors, split))
+        limit = sum(standalone((f,), b)[f] for f, b in zip(factors, split))
         speedup = measured["dynamic"] / measured["static"]
         rows.append([spec, [round(r) for r in even], measured["static"], measured["dynamic"],
                      f"{speedup:.2f}x", f"{ideal:.2f}x", f"{speedup / ideal:.0%}", split,

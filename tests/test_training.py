@@ -1,9 +1,12 @@
 """Training under real launchers: N ranks end with the weights of 1 rank, metrics, bad input."""
+import statistics
+
 import pytest
 import torch
 
 from hvd_dynbatch.data.datasets import load_dataset
-from hvd_dynbatch.tools.jobs import ideal_speedup, standalone_rates
+from hvd_dynbatch.errors import DynBatchError
+from hvd_dynbatch.tools.jobs import ideal_speedup, standalone_records, standalone_rates
 from hvd_dynbatch.tools.launch import Launcher
 from hvd_dynbatch.training.metrics import read_metrics, step_records
 from hvd_dynbatch.training.trainer import weights_checksum
@@ -188,10 +191,22 @@ def test_ideal_speedup_is_the_sum_of_rates_over_n_times_the_slowest():
     assert ideal_speedup([40.0, 40.0, 40.0]) == pytest.approx(1.0)
 
 
-def test_standalone_rates_run_each_distinct_factor_once_alone():
-    rates = standalone_rates(["1", "3", "1"], 32, ["--model", "linear", "--dataset", "digits"],
-                             steps=16)
-    assert sorted(rates) == ["1", "3"] and all(r > 0 for r in rates.values())
+def test_standalone_records_take_each_distinct_factor_from_its_phases_of_one_job():
+    """Factors 1 and 10 in phases of 4 steps after the 12 a rank alone calibrates on: steps
+    12-15 at 1, 16-19 at 10, 20-23 at 1, 24-27 at 10, each phase's first two left out; the
+    phases at 10 run slower."""
+    kept = standalone_records(["1", "10", "1"], 32, ["--model", "linear", "--dataset",
+                                                    "digits"], phase_steps=4, rounds=2)
+    assert {f: [r["step"] for r in records] for f, records in kept.items()} == \
+        {"1": [14, 15, 22, 23], "10": [18, 19, 26, 27]}
+    rates = {f: 32 / statistics.median(r["step_time"] for r in records)
+             for f, records in kept.items()}
+    assert rates["10"] < rates["1"] / 2, rates
+
+
+def test_standalone_rates_refuse_phases_too_short_to_measure():
+    with pytest.raises(DynBatchError, match="phases of at least 3 steps"):
+        standalone_rates(["1", "4"], 32, ["--model", "linear"], phase_steps=2)
 
 
 def test_bf16_on_two_ranks_reaches_90_percent_on_the_digits(tmp_path):

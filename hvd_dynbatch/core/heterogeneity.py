@@ -28,6 +28,9 @@ from typing import Callable, Optional
 
 from ..errors import DynBatchError
 
+# How many computes a rank alone runs at full speed to learn its typical compute (`Emulator`).
+CALIBRATION_STEPS = 12
+
 
 @dataclass(frozen=True)
 class Slowdown:
@@ -144,7 +147,7 @@ class Emulator:
     """
 
     def __init__(self, slowdown: Optional[Slowdown], rank: int, world_size: int,
-                 memory: int = 9, calibration: int = 12,
+                 memory: int = 9, calibration: int = CALIBRATION_STEPS,
                  sleep: Callable[[float], None] = time.sleep):
         self.slowdown, self.rank = slowdown, rank
         self._own = collections.deque(maxlen=memory)

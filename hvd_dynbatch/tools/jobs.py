@@ -5,13 +5,15 @@ started as N local ranks, whose metrics file is read back when it ends.
 """
 from __future__ import annotations
 
+import statistics
 import sys
 import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
 
+from ..core.heterogeneity import CALIBRATION_STEPS
 from ..errors import DynBatchError
-from ..training.metrics import read_metrics, steady_throughput
+from ..training.metrics import read_metrics, step_records
 from .launch import Launcher, run_local
 
 
@@ -48,20 +50,44 @@ def measuring_run(steps: int) -> list:
     return ["--max-steps", str(steps), "--epochs", "1000", "--eval-every", "100000"]
 
 
-def standalone_rates(factors: Sequence[str], batch: int, options: Sequence[str],
-                     steps: int = 30) -> dict:
-    """Each worker alone: for each distinct slowdown factor, the steady samples/s of a 1-rank
-    job of `options` at batch `batch` with that emulated factor, over `steps` steps.
+def standalone_records(factors: Sequence[str], batch: int, options: Sequence[str],
+                       phase_steps: int = 10, rounds: int = 3) -> dict:
+    """Each worker alone: for each distinct slowdown factor, the step records of one 1-rank
+    job of `options` at batch `batch` that ran at that emulated factor.
 
-    A slowed rank alone runs its first 12 steps at full speed to learn its typical compute
-    (`Emulator`); the rate comes from the steps after them in the last 75%."""
-    rates = {}
-    for factor in factors:
-        if factor not in rates:
-            rates[factor] = steady_throughput(run_training_job(1, [
-                *options, "--global-batch", str(batch), "--slowdown", str(factor),
-                *measuring_run(steps)]))
-    return rates
+    The job's factor cycles through the distinct factors in phases of `phase_steps` steps,
+    `rounds` times, after the steps a rank alone calibrates on (`Emulator`); each phase's
+    first two steps are left out (the first step after a slowed one computes slowly, and the
+    emulator takes a step or two to meet a new factor). One job rather than one per factor:
+    this machine's speed moved by up to 70% between jobs a minute apart, and two 1-rank jobs
+    at factor 1 measured 6-12% apart, so each factor's rate is taken from phases interleaved
+    with the others' in one process."""
+    if phase_steps < 3 or rounds < 1:
+        raise DynBatchError(f"a standalone measurement needs phases of at least 3 steps and "
+                            f"1 round, got {phase_steps} and {rounds}")
+    distinct = list(dict.fromkeys(str(f) for f in factors))
+    phases = distinct * rounds
+    starts = [0] + [CALIBRATION_STEPS + i * phase_steps for i in range(1, len(phases))]
+    schedule = ";".join(f"{start}:{factor}" for start, factor in zip(starts, phases))
+    records = run_training_job(1, [
+        *options, "--global-batch", str(batch), "--slowdown", schedule,
+        *measuring_run(CALIBRATION_STEPS + len(phases) * phase_steps)])
+    kept = {f: [] for f in distinct}
+    for record in step_records(records):
+        phase, into = divmod(record["step"] - CALIBRATION_STEPS, phase_steps)
+        if phase >= 0 and into >= 2 and not record.get("emulator_calibration"):
+            kept[phases[phase]].append(record)
+    return kept
+
+
+def standalone_rates(factors: Sequence[str], batch: int, options: Sequence[str],
+                     phase_steps: int = 10, rounds: int = 3) -> dict:
+    """Each worker alone: for each distinct slowdown factor, the samples/s of one worker at
+    that emulated factor and batch `batch`, from the median time of its steps in
+    `standalone_records`."""
+    return {factor: batch / statistics.median(r["step_time"] for r in kept)
+            for factor, kept in standalone_records(factors, batch, options, phase_steps,
+                                                   rounds).items()}
 
 
 def ideal_speedup(rates: Sequence[float]) -> float:
