@@ -92,6 +92,17 @@ def test_a_rank_alone_takes_its_typical_compute_from_its_first_steps_at_full_spe
     assert [slow.calibrated(step) for step in (0, 4, 5)] == [True, True, False]
 
 
+def test_a_rank_that_becomes_slowed_sizes_its_sleep_from_its_slowed_computes_only():
+    """Its computes at factor 1, with no sleep between them, ran at the typical 4 ms a
+    sample; its first slowed step's 5 ms is its own, so that step costs 4 times 4 ms."""
+    slow, slept = _emulator("0:1,1;3:1,4", 1)
+    slow.observe([StepRecord(step, 0, [10, 10], [0.04, 0.04], 1.0) for step in range(3)])
+    for step in range(3):
+        slow.after_compute(step, 10, 0.04)
+    slow.after_compute(3, 10, 0.05)
+    assert slept == [pytest.approx(4 * 0.04 - 0.05)]
+
+
 def test_ranks_of_a_job_follow_the_unslowed_ranks_without_calibrating():
     slow, slept = _emulator("1,4", 1)
     slow.after_compute(0, 10, 0.05)

@@ -176,7 +176,7 @@ class Emulator:
     def after_compute(self, step: int, batch: int, compute_seconds: float) -> None:
         """Record that `batch` samples took `compute_seconds` in `step`, then sleep until
         the step has cost s times the typical compute of `batch` samples, taking this rank's
-        own compute to be its median one."""
+        own compute to be its median one over its recent slowed steps."""
         if self.slowdown is None or batch <= 0 or compute_seconds <= 0:
             return
         if self._calibration:
@@ -184,9 +184,10 @@ class Emulator:
             self._calibrated.add(step)
             self._unslowed.append(compute_seconds / batch)
             return
-        self._own.append(compute_seconds / batch)
         factor = self.slowdown.factor(step, self.rank)
         if factor > 1:
+            # Only computes of steps that sleep: those of steps at factor 1 ran faster.
+            self._own.append(compute_seconds / batch)
             own = statistics.median(self._own)
             typical = statistics.median(self._unslowed) if self._unslowed else own
             self._sleep(max(0.0, (factor * typical - own) * batch))

@@ -56,9 +56,10 @@ def standalone_records(factors: Sequence[str], batch: int, options: Sequence[str
     job of `options` at batch `batch` that ran at that emulated factor.
 
     The job's factor cycles through the distinct factors in phases of `phase_steps` steps,
-    `rounds` times, after the steps a rank alone calibrates on (`Emulator`); each phase's
-    first two steps are left out (the first step after a slowed one computes slowly, and the
-    emulator takes a step or two to meet a new factor). One job rather than one per factor:
+    `rounds` times, after the steps a rank alone calibrates on (`Emulator`). Each phase's
+    first two steps are left out: its first follows a step at another factor, and a compute
+    after a sleep runs more slowly than one after a compute, while the emulator sizes a
+    sleep from the computes that followed sleeps. One job rather than one per factor:
     this machine's speed moved by up to 70% between jobs a minute apart, and two 1-rank jobs
     at factor 1 measured 6-12% apart, so each factor's rate is taken from phases interleaved
     with the others' in one process."""
@@ -75,7 +76,7 @@ def standalone_records(factors: Sequence[str], batch: int, options: Sequence[str
     kept = {f: [] for f in distinct}
     for record in step_records(records):
         phase, into = divmod(record["step"] - CALIBRATION_STEPS, phase_steps)
-        if phase >= 0 and into >= 2 and not record.get("emulator_calibration"):
+        if phase >= 0 and into >= 2:
             kept[phases[phase]].append(record)
     return kept
 
