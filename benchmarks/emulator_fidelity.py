@@ -7,8 +7,9 @@ range over rounds:
   interleaved phases of one job. A round's factor is its rate at factor 1 over its rate at
   the factor. The emulation slows a step's compute (fetch, forward, backward), not the
   optimizer's update after it, so a step whose share u is outside the compute at factor 1
-  is expected at f (1 - u) + u times; the table gives that too. Factor 1 alone is the
-  control: a second set of phases at factor 1 in the same job against the first.
+  is expected at f (1 - u) + u times; the table gives that too, and the ratio of compute
+  times, which is expected at f. Factor 1 alone is the control: a second set of phases at
+  factor 1 in the same job against the first.
 - in a job: 2 ranks at slowdown 1,f with equal static batches, sharing the machine's cores
   as the demo's ranks do. A round's factor is the median, over the steady steps, of rank 1's
   compute time over rank 0's; this is the factor the controller sees. Slowdown 1,1 is the
@@ -41,16 +42,17 @@ AGAIN = "1.0"
 
 
 def alone_factors(factors: list, batch: int, options: list) -> tuple:
-    """One worker alone, in one job: its rate at factor 1 over its rate at each factor (at
-    "1", over that of the control's phases), and the median share of its step at factor 1
-    outside the compute."""
+    """One worker alone, in one job: for each factor, its rate at factor 1 over its rate at
+    the factor and the same ratio of its compute times (at "1", the control's phases over
+    the first's), and the median share of its step at factor 1 outside the compute."""
     kept = standalone_records(["1", AGAIN, *factors], batch, options)
-    time = {f: statistics.median(r["step_time"] for r in records)
-            for f, records in kept.items()}
+
+    def ratios(key) -> dict:
+        median = {f: statistics.median(key(r) for r in records) for f, records in kept.items()}
+        return {f: median[AGAIN if f == "1" else f] / median["1"] for f in ["1", *factors]}
+
     outside = statistics.median(1 - r["compute_times"][0] / r["step_time"] for r in kept["1"])
-    ratios = {f: time[f] / time["1"] for f in factors}
-    ratios["1"] = time[AGAIN] / time["1"]
-    return ratios, outside
+    return ratios(lambda r: r["step_time"]), ratios(lambda r: r["compute_times"][0]), outside
 
 
 def in_job_factor(factor: str, batch: int, options: list, steps: int) -> float:
@@ -69,24 +71,26 @@ def main():
     args = parser.parse_args()
     rows = []
     for options, batch, steps in CASES:
-        alone = {f: [] for f in ["1", *args.factors]}
-        in_job = {f: [] for f in ["1", *args.factors]}
+        factors = ["1", *args.factors]
+        alone, alone_compute, in_job = ({f: [] for f in factors} for _ in range(3))
         outside = []
         for _ in range(args.repeats):
-            ratios, share = alone_factors(args.factors, batch, options)
+            rates, computes, share = alone_factors(args.factors, batch, options)
             outside.append(share)
-            for f in alone:
-                alone[f].append(ratios[f])
-            for f in in_job:
+            for f in factors:
+                alone[f].append(rates[f])
+                alone_compute[f].append(computes[f])
                 in_job[f].append(in_job_factor(f, batch, options, steps))
         share = statistics.median(outside)
         for where, measured in (("alone", alone), ("in a job", in_job)):
             for f, values in measured.items():
                 median = statistics.median(values)
                 expected = float(f) * (1 - share) + share if where == "alone" else float(f)
+                compute = (f"{statistics.median(alone_compute[f]):.2f}" if where == "alone"
+                           else "")
                 rows.append([" ".join(options[1::2]), batch, f, where, f"{median:.2f}",
                              f"{min(values):.2f}-{max(values):.2f}",
-                             f"{median / float(f) - 1:+.0%}", f"{expected:.2f}"])
+                             f"{median / float(f) - 1:+.0%}", f"{expected:.2f}", compute])
                 print(f"{rows[-1][0]} batch {batch}: factor {f} {where} measured {median:.2f}",
                       file=sys.stderr)
     print_report(
@@ -95,11 +99,12 @@ def main():
         f"steps, 3 times, after the 12 it calibrates on; the median step time at the factor "
         f"over that at factor 1 (f = 1: the second phases at 1 over the first), each phase's "
         f"first 2 steps left out; expected f (1 - u) + u, u the median share of the step "
-        f"outside the compute at factor 1. In a job: median of rank 1's / rank 0's compute "
+        f"outside the compute at factor 1; compute: the same ratio of compute times (fetch, "
+        f"forward, backward and the emulation's sleep), which should read f. In a job: median of rank 1's / rank 0's compute "
         f"time over the last 75% of steps of a 2-rank job at slowdown 1,f with equal batches "
         f"(f = 1: the machine's own spread).",
         ["model, data", "batch", "factor", "where", "measured (median)", "range", "off by",
-         "expected"],
+         "expected", "compute"],
         rows)
 
 
