@@ -15,7 +15,7 @@ range over rounds:
   compute time over rank 0's; this is the factor the controller sees. Slowdown 1,1 is the
   control: how far apart two unslowed ranks of this machine already are.
 
-    python benchmarks/emulator_fidelity.py [--factors 4 8] [--repeats 3]
+    python benchmarks/emulator_fidelity.py [--factors 4 8] [--repeats 3] [--models cnn resnet18]
 """
 from __future__ import annotations
 
@@ -28,24 +28,25 @@ from common import print_report
 from hvd_dynbatch.tools.jobs import measuring_run, run_training_job, standalone_records
 from hvd_dynbatch.training.metrics import steady_steps
 
-# (model options, batch of one worker, steps in a job): the CNN at the per-rank batches of the
-# demo (digits, 512 on 2 ranks) and of speedup.py (synthetic, 256 on 2 ranks), a small batch,
-# and ResNet-18.
+# (model options, batch of one worker, steps in a job, rounds of phases alone): the CNN at the
+# per-rank batches of the demo (digits, 512 on 2 ranks) and of speedup.py (synthetic, 256 on 2
+# ranks), a small batch, and ResNet-18, whose step at factor 8 took up to 10 s here.
 CASES = [
-    (["--model", "cnn", "--dataset", "digits"], 256, 30),
-    (["--model", "cnn", "--dataset", "synthetic"], 128, 30),
-    (["--model", "cnn", "--dataset", "synthetic"], 16, 30),
-    (["--model", "resnet18", "--dataset", "synthetic"], 32, 24),
+    (["--model", "cnn", "--dataset", "digits"], 256, 30, 3),
+    (["--model", "cnn", "--dataset", "synthetic"], 128, 30, 3),
+    (["--model", "cnn", "--dataset", "synthetic"], 16, 30, 3),
+    (["--model", "resnet18", "--dataset", "synthetic"], 32, 24, 2),
 ]
 # A second name for factor 1 alone: its phases, interleaved with the first's, are the control.
 AGAIN = "1.0"
 
 
-def alone_factors(factors: list, batch: int, options: list) -> tuple:
+def alone_factors(factors: list, batch: int, options: list, rounds: int) -> tuple:
     """One worker alone, in one job: for each factor, its rate at factor 1 over its rate at
     the factor and the same ratio of its compute times (at "1", the control's phases over
     the first's), and the median share of its step at factor 1 outside the compute."""
-    kept = standalone_records(["1", AGAIN, *factors], batch, options)
+    kept = standalone_records(["1", AGAIN, *factors], batch, options, rounds=rounds,
+                              timeout=3600)
 
     def ratios(key) -> dict:
         median = {f: statistics.median(key(r) for r in records) for f, records in kept.items()}
@@ -68,14 +69,18 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--factors", nargs="+", default=["4", "8"])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--models", nargs="+", choices=["cnn", "resnet18"],
+                        default=["cnn", "resnet18"])
     args = parser.parse_args()
     rows = []
-    for options, batch, steps in CASES:
+    for options, batch, steps, rounds in CASES:
+        if options[1] not in args.models:
+            continue
         factors = ["1", *args.factors]
         alone, alone_compute, in_job = ({f: [] for f in factors} for _ in range(3))
         outside = []
         for _ in range(args.repeats):
-            rates, computes, share = alone_factors(args.factors, batch, options)
+            rates, computes, share = alone_factors(args.factors, batch, options, rounds)
             outside.append(share)
             for f in factors:
                 alone[f].append(rates[f])
@@ -96,7 +101,7 @@ def main():
     print_report(
         f"Emulated slowdown, {args.repeats} rounds, 1 thread per rank. Alone: one 1-rank job "
         f"per round whose factor cycles through 1, 1 again and the factors in phases of 10 "
-        f"steps, 3 times, after the 12 it calibrates on; the median step time at the factor "
+        f"steps, 3 times (ResNet-18 twice), after the 12 it calibrates on; the median step time at the factor "
         f"over that at factor 1 (f = 1: the second phases at 1 over the first), each phase's "
         f"first 2 steps left out; expected f (1 - u) + u, u the median share of the step "
         f"outside the compute at factor 1; compute: the same ratio of compute times (fetch, "

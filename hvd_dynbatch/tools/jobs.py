@@ -51,7 +51,7 @@ def measuring_run(steps: int) -> list:
 
 
 def standalone_records(factors: Sequence[str], batch: int, options: Sequence[str],
-                       phase_steps: int = 10, rounds: int = 3) -> dict:
+                       phase_steps: int = 10, rounds: int = 3, timeout: float = 600) -> dict:
     """Each worker alone: for each distinct slowdown factor, the step records of one 1-rank
     job of `options` at batch `batch` that ran at that emulated factor.
 
@@ -62,7 +62,7 @@ def standalone_records(factors: Sequence[str], batch: int, options: Sequence[str
     sleep from the computes that followed sleeps. One job rather than one per factor:
     this machine's speed moved by up to 70% between jobs a minute apart, and two 1-rank jobs
     at factor 1 measured 6-12% apart, so each factor's rate is taken from phases interleaved
-    with the others' in one process."""
+    with the others' in one process. `timeout` (seconds) bounds the job."""
     if phase_steps < 3 or rounds < 1:
         raise DynBatchError(f"a standalone measurement needs phases of at least 3 steps and "
                             f"1 round, got {phase_steps} and {rounds}")
@@ -72,7 +72,7 @@ def standalone_records(factors: Sequence[str], batch: int, options: Sequence[str
     schedule = ";".join(f"{start}:{factor}" for start, factor in zip(starts, phases))
     records = run_training_job(1, [
         *options, "--global-batch", str(batch), "--slowdown", schedule,
-        *measuring_run(CALIBRATION_STEPS + len(phases) * phase_steps)])
+        *measuring_run(CALIBRATION_STEPS + len(phases) * phase_steps)], timeout=timeout)
     kept = {f: [] for f in distinct}
     for record in step_records(records):
         phase, into = divmod(record["step"] - CALIBRATION_STEPS, phase_steps)
