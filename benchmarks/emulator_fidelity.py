@@ -102,13 +102,14 @@ def main():
     print_report(
         f"Emulated slowdown, {args.repeats} rounds, 1 thread per rank. Alone: one 1-rank job "
         f"per round whose factor cycles through 1, 1 again and the factors in phases of 10 "
-        f"steps, 3 times (ResNet-18 twice), after the 12 it calibrates on; the median step time at the factor "
-        f"over that at factor 1 (f = 1: the second phases at 1 over the first), each phase's "
-        f"first 2 steps left out; expected f (1 - u) + u, u the median share of the step "
-        f"outside the compute at factor 1; compute: the same ratio of compute times (fetch, "
-        f"forward, backward and the emulation's sleep), which should read f. In a job: median of rank 1's / rank 0's compute "
-        f"time over the last 75% of steps of a 2-rank job at slowdown 1,f with equal batches "
-        f"(f = 1: the machine's own spread).",
+        f"steps, 3 times (ResNet-18 twice), after the 12 it calibrates on; the median step "
+        f"time at the factor over that at factor 1 (f = 1: the second phases at 1 over the "
+        f"first), each phase's first 2 steps left out; expected f (1 - u) + u, u the median "
+        f"share of the step outside the compute at factor 1; compute: the same ratio of "
+        f"compute times (fetch, forward, backward and the emulation's sleep), which should "
+        f"read f. In a job: median of rank 1's / rank 0's compute time over the last 75% of "
+        f"steps of a 2-rank job at slowdown 1,f with equal batches (f = 1: the machine's own "
+        f"spread).",
         ["model, data", "batch", "factor", "where", "measured (median)", "range", "off by",
          "expected", "compute"],
         rows)
