@@ -63,7 +63,8 @@ slurm_job_pass_term() {
         if [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = hvd-dynbatch ]; then ranks+=("$pid"); fi
     done
     if [ ${#ranks[@]} -gt 0 ]; then
-        echo "hvd-dynbatch: SIGTERM passed to the ${#ranks[@]} training processes on $(hostname)" >&2
+        echo "hvd-dynbatch: SIGTERM passed to the ${#ranks[@]} training processes on" \
+            "$(hostname)" >&2
         kill -TERM "${ranks[@]}" 2>/dev/null || true
     else
         kill -TERM "$slurm_job_launcher" 2>/dev/null || true
