@@ -6,11 +6,17 @@ exchanges, over which the split is fixed) it takes each rank's median compute ti
 imbalance max/min of those. It reports the adjustments needed to reach imbalance <= 1.10 from
 the start and after the change, and how much of the global batch changes hands per adjustment
 once settled, and the efficiency: the steady throughput over the sum of the two workers'
-standalone rates at B/2. The same schedule runs in the cluster model
-(`hvd_dynbatch.core.simulator`) with matching rates and noise, as a noise-controlled reference.
+standalone rates at B/2, and rank 0's steady batch in each phase (its median over the phase's
+second half), to show whether the rules hold the same split. The same schedule runs in the
+cluster model (`hvd_dynbatch.core.simulator`) with matching rates and noise, as a
+noise-controlled reference.
+
+With `--repeats N` every real-rank row lists its N runs' figures in order. Each repeat measures
+the standalone rates once, then runs the rules, in the reverse order from one repeat to the
+next, so that no rule always runs first after the standalone job.
 
     python benchmarks/settling.py [--models cnn resnet18] [--schedules "0:1,4;75:4,1"]
-        [--steps 150]
+        [--steps 150] [--repeats 1]
 """
 from __future__ import annotations
 
@@ -43,7 +49,8 @@ def windows(records: list, adjust_every: int) -> list:
 
 
 def settle_figures(splits: list, imbalances: list, change_at: int, global_batch: int) -> list:
-    """Adjustments to settle from the start and after the change; movement once settled."""
+    """Adjustments to settle from the start and after the change; movement once settled;
+    the median imbalance; rank 0's steady batch before / after the change."""
     def first_settled(start, stop):
         for k in range(start, stop):
             if imbalances[k] <= SETTLED:
@@ -57,9 +64,16 @@ def settle_figures(splits: list, imbalances: list, change_at: int, global_batch:
     settled_moves = [m for k, m in enumerate(moves)
                      if to_settle is not None and to_settle + 2 <= k < change_at - 1
                      or after_change is not None and change_at + after_change + 2 <= k]
+    steady = [statistics.median(s[0] for s in splits[(start + stop) // 2:stop])
+              for start, stop in ((0, change_at), (change_at, len(splits)))]
     return [to_settle, after_change,
             f"{statistics.mean(settled_moves):.2%}" if settled_moves else None,
-            f"{statistics.median(imbalances):.2f}"]
+            f"{statistics.median(imbalances):.2f}", "/".join(f"{b:g}" for b in steady)]
+
+
+def joined(runs: list) -> list:
+    """One table row's cells from several runs' cells: each column's values in run order."""
+    return [", ".join("-" if v is None else str(v) for v in column) for column in zip(*runs)]
 
 
 def main():
@@ -71,7 +85,10 @@ def main():
     parser.add_argument("--global-batch", type=int, default=256)
     parser.add_argument("--rules", nargs="+", default=[r.value for r in Rule],
                         choices=[r.value for r in Rule])
+    parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     rules = [Rule(r) for r in args.rules]
     rows = []
     for schedule in args.schedules:
@@ -80,20 +97,25 @@ def main():
         for model in args.models:
             options = ["--model", model, "--dataset", "synthetic"]
             factors = [f"{f:g}" for f in slowdown.factors[0]]
-            rates = standalone_rates(factors, args.global_batch // 2, options)
-            limit = sum(rates[f] for f in factors)
-            for rule in rules:
-                records = run_training_job(2, [
-                    *options, "--global-batch", str(args.global_batch),
-                    *measuring_run(args.steps),
-                    "--adjust-every", str(args.adjust_every), "--batching", "dynamic",
-                    "--controller", rule.value, "--slowdown", schedule], timeout=3600)
-                splits, imbalances = zip(*windows(records, args.adjust_every))
-                rows.append([schedule, f"{model} (real ranks)", rule.value,
-                             *settle_figures(splits, imbalances, change_at, args.global_batch),
-                             f"{steady_throughput(records) / limit:.0%}"])
-                print(f"{schedule} {model} {rule.value}: imbalance per window "
-                      f"{[round(x, 2) for x in imbalances]}", file=sys.stderr)
+            runs = {rule: [] for rule in rules}
+            for repeat in range(args.repeats):
+                rates = standalone_rates(factors, args.global_batch // 2, options)
+                limit = sum(rates[f] for f in factors)
+                for rule in rules if repeat % 2 == 0 else rules[::-1]:
+                    records = run_training_job(2, [
+                        *options, "--global-batch", str(args.global_batch),
+                        *measuring_run(args.steps),
+                        "--adjust-every", str(args.adjust_every), "--batching", "dynamic",
+                        "--controller", rule.value, "--slowdown", schedule], timeout=3600)
+                    splits, imbalances = zip(*windows(records, args.adjust_every))
+                    runs[rule].append(
+                        [*settle_figures(splits, imbalances, change_at, args.global_batch),
+                         f"{steady_throughput(records) / limit:.0%}"])
+                    print(f"{schedule} {model} {rule.value}, repeat {repeat + 1}: imbalance "
+                          f"per window {[round(x, 2) for x in imbalances]}, rank 0's batch "
+                          f"{[s[0] for s in splits]}", file=sys.stderr)
+            rows += [[schedule, f"{model} (real ranks)", rule.value, *joined(runs[rule])]
+                     for rule in rules]
         for rule in rules:
             cluster = ClusterModel(
                 1000.0 / np.asarray(slowdown.factors[0]), overhead=0.002, noise=0.05, seed=1,
@@ -111,9 +133,12 @@ def main():
         f"max/min compute time <= {SETTLED}; 'moved' is the share of the global batch that "
         f"changes rank per adjustment once settled; efficiency = steady throughput (median "
         f"step time of the last 75% of steps) / the sum of the workers' standalone rates at "
-        f"B/2.",
+        f"B/2 (measured in one 1-rank job of interleaved phases before each repeat); rank 0's "
+        f"steady batch is its median over the second half of each phase. {args.repeats} "
+        f"repeat(s): real-rank cells list each run's figure in order.",
         ["schedule", "ranks", "rule", "adjustments to settle", "to settle after the change",
-         "moved per adjustment when settled", "median imbalance", "efficiency"], rows)
+         "moved per adjustment when settled", "median imbalance",
+         "rank 0's steady batch, before / after", "efficiency"], rows)
 
 
 if __name__ == "__main__":
