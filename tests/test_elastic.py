@@ -5,6 +5,7 @@ worker logs the samples of each step (--sample-log), so the test can check that 
 of each finished epoch was used exactly once, counting a step redone after a reset once.
 """
 import collections
+import dataclasses
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ from hvd_dynbatch.backend.backends import LocalBackend
 from hvd_dynbatch.backend.comm import Communicator
 from hvd_dynbatch.core.sampler import VariableBatchSampler
 from hvd_dynbatch.tools.launch import Launcher, kill_tree, start_local, wait_local
+from hvd_dynbatch.training.batching import StepRecord
 from hvd_dynbatch.training.config import TrainConfig
 from hvd_dynbatch.training.elastic import on_reset
 from hvd_dynbatch.training.metrics import read_metrics, step_records
@@ -288,6 +290,21 @@ def test_a_world_of_another_size_resumes_from_an_even_split(committed):
     assert resumed.controller.state.adjustments == 0
     assert resumed.state_dict()["position"] == trainer.steps.batching.state_dict()["position"]
     assert grown.state_dict()["steps"]["splits"] == [[7, [22, 21, 21]]]
+
+
+def test_a_slowed_rank_that_a_shrink_leaves_alone_does_not_calibrate_again():
+    """Its emulated factor holds from the first step of the 1-rank world: the typical compute
+    (the rank at factor 1's 0.4 ms a sample) comes along, so its first step sleeps to 4 times
+    that, where a calibrating rank would run at full speed."""
+    trainer = Trainer(dataclasses.replace(ELASTIC, slowdown="4,1"), WorldBackend(0, 2))
+    trainer.join_world(World(0, 2))
+    trainer.emulator.observe([StepRecord(step, 0, [32, 32], [0.05, 0.0128], 1.0)
+                              for step in range(3)])
+    trainer.join_world(World(0, 1), committed=trainer.state_dict())
+    started = time.perf_counter()
+    trainer.emulator.after_compute(0, 64, 0.03)
+    assert time.perf_counter() - started >= 4 * 0.0256 - 0.03 - 0.001
+    assert not trainer.emulator.calibrated(0)
 
 
 def lines_in(directory: Path) -> dict:

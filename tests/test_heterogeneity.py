@@ -103,6 +103,17 @@ def test_a_rank_that_becomes_slowed_sizes_its_sleep_from_its_slowed_computes_onl
     assert slept == [pytest.approx(4 * 0.04 - 0.05)]
 
 
+def test_a_rank_left_alone_keeps_the_typical_compute_of_its_last_world():
+    """An elastic job shrank to this rank: it goes on at its factor, 4 times the 4 ms a sample
+    the rank at factor 1 computed, from its first step in the new world."""
+    slowdown, slept = Slowdown.parse("4,1"), []
+    before = Emulator(slowdown, 0, 2, memory=3)
+    before.observe([StepRecord(step, 0, [10, 10], [0.2, 0.04], 1.0) for step in range(3)])
+    alone = Emulator(slowdown, 0, 1, memory=3, sleep=slept.append, typical=before.typical)
+    alone.after_compute(3, 20, 0.1)
+    assert slept == [pytest.approx(4 * 0.08 - 0.1)] and not alone.calibrated(3)
+
+
 def test_ranks_of_a_job_follow_the_unslowed_ranks_without_calibrating():
     slow, slept = _emulator("1,4", 1)
     slow.after_compute(0, 10, 0.05)

@@ -24,7 +24,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from ..errors import DynBatchError
 
@@ -140,6 +140,10 @@ class Emulator:
     factor 1 pause too, waiting for the slowed one, so the typical compute taken from them
     already carries that cost.
 
+    A rank that an elastic job leaves alone has its typical compute already: `typical` carries
+    it from the emulator of the world before, so the rank does not calibrate again (its next
+    12 steps would have run at full speed, as no slowed worker does).
+
     What the medians are taken over must be clean: on 2 ranks sharing 2 cores, a rank
     spinning in Horovod's wait slowed the sleeping rank's compute, and a factor of 4
     measured 5-7x against the rank at factor 1. Ranks of an emulated run therefore wait by
@@ -148,13 +152,19 @@ class Emulator:
 
     def __init__(self, slowdown: Optional[Slowdown], rank: int, world_size: int,
                  memory: int = 9, calibration: int = CALIBRATION_STEPS,
-                 sleep: Callable[[float], None] = time.sleep):
+                 sleep: Callable[[float], None] = time.sleep, typical: Sequence[float] = ()):
         self.slowdown, self.rank = slowdown, rank
         self._own = collections.deque(maxlen=memory)
-        self._unslowed = collections.deque(maxlen=memory)
-        self._calibration = calibration if world_size == 1 else 0
+        self._unslowed = collections.deque(typical, maxlen=memory)
+        self._calibration = calibration if world_size == 1 and not self._unslowed else 0
         self._calibrated = set()
         self._sleep = sleep
+
+    @property
+    def typical(self) -> tuple:
+        """The recent per-sample computes whose median is the typical compute, for the
+        emulator of this rank in the next world (`typical=`)."""
+        return tuple(self._unslowed)
 
     def calibrated(self, step: int) -> bool:
         """Whether `step` ran at full speed to calibrate a rank alone (see the class)."""

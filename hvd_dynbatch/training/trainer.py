@@ -234,8 +234,9 @@ class Trainer:
     def join_world(self, comm: Communicator, committed: Optional[dict] = None) -> None:
         """Bind to the ranks of `comm`, from `committed` (a `state_dict()`) if given.
 
-        Local: no collective. Per-rank facts (timings) start afresh. The split is the
-        committed one if the world kept its size, else an even one (the first start may use
+        Local: no collective. Per-rank facts (timings) start afresh, but for the emulated
+        slowdown's typical compute, which is this machine's. The split is the committed one
+        if the world kept its size, else an even one (the first start may use
         --initial-split); B follows the batch policy; the controller rebalances from there.
         """
         cfg, steps = self.cfg, self.steps
@@ -261,7 +262,8 @@ class Trainer:
             if at_step > step:
                 steps.schedule_global_batch(at_step, scheduled)
         self.schedule.on_batch_change(step, batch)
-        self.emulator = Emulator(self.slowdown, comm.rank, comm.size)
+        self.emulator = Emulator(self.slowdown, comm.rank, comm.size,
+                                 typical=self.emulator.typical)
         self.metrics.set_path(cfg.metrics if comm.rank == 0 else None, append=not fresh)
         if not fresh:
             event = {"type": "reset"} if self._resumed_from is None else \
