@@ -6,14 +6,15 @@ exchanges, over which the split is fixed) it takes each rank's median compute ti
 imbalance max/min of those. It reports the adjustments needed to reach imbalance <= 1.10 from
 the start and after the change, and how much of the global batch changes hands per adjustment
 once settled, and the efficiency: the steady throughput over the sum of the two workers'
-standalone rates at B/2, and rank 0's steady batch in each phase (its median over the phase's
-second half), to show whether the rules hold the same split. The same schedule runs in the
-cluster model (`hvd_dynbatch.core.simulator`) with matching rates and noise, as a
-noise-controlled reference.
+standalone rates at B/2 (measured before and after the runs, as this machine's speed drifts),
+and rank 0's steady batch in each phase (its median over the phase's second half), to show
+whether the rules hold the same split. The same schedule runs in the cluster model
+(`hvd_dynbatch.core.simulator`) with matching rates and noise, as a noise-controlled
+reference.
 
-With `--repeats N` every real-rank row lists its N runs' figures in order. Each repeat measures
-the standalone rates once, then runs the rules, in the reverse order from one repeat to the
-next, so that no rule always runs first after the standalone job.
+With `--repeats N` every real-rank row lists its N runs' figures in order. Each repeat runs the
+rules between two standalone measurements (a repeat's last is the next one's first), in the
+reverse order from one repeat to the next, so that no rule always runs first.
 
     python benchmarks/settling.py [--models cnn resnet18] [--schedules "0:1,4;75:4,1"]
         [--steps 150] [--repeats 1]
@@ -71,6 +72,12 @@ def settle_figures(splits: list, imbalances: list, change_at: int, global_batch:
             f"{statistics.median(imbalances):.2f}", "/".join(f"{b:g}" for b in steady)]
 
 
+def standalone_limit(factors: list, batch: int, options: list) -> float:
+    """The sum of the workers' standalone rates at `batch` (samples/s), measured now."""
+    rates = standalone_rates(factors, batch, options)
+    return sum(rates[f] for f in factors)
+
+
 def joined(runs: list) -> list:
     """One table row's cells from several runs' cells: each column's values in run order."""
     return [", ".join("-" if v is None else str(v) for v in column) for column in zip(*runs)]
@@ -98,18 +105,23 @@ def main():
             options = ["--model", model, "--dataset", "synthetic"]
             factors = [f"{f:g}" for f in slowdown.factors[0]]
             runs = {rule: [] for rule in rules}
+            limits = [standalone_limit(factors, args.global_batch // 2, options)]
             for repeat in range(args.repeats):
-                rates = standalone_rates(factors, args.global_batch // 2, options)
-                limit = sum(rates[f] for f in factors)
+                jobs = []
                 for rule in rules if repeat % 2 == 0 else rules[::-1]:
                     records = run_training_job(2, [
                         *options, "--global-batch", str(args.global_batch),
                         *measuring_run(args.steps),
                         "--adjust-every", str(args.adjust_every), "--batching", "dynamic",
                         "--controller", rule.value, "--slowdown", schedule], timeout=3600)
+                    jobs.append((rule, records))
+                limits.append(standalone_limit(factors, args.global_batch // 2, options))
+                limit = statistics.mean(limits[-2:])
+                for rule, records in jobs:
                     splits, imbalances = zip(*windows(records, args.adjust_every))
                     runs[rule].append(
                         [*settle_figures(splits, imbalances, change_at, args.global_batch),
+                         f"{limits[-1] / limits[-2]:.2f}",
                          f"{steady_throughput(records) / limit:.0%}"])
                     print(f"{schedule} {model} {rule.value}, repeat {repeat + 1}: imbalance "
                           f"per window {[round(x, 2) for x in imbalances]}, rank 0's batch "
@@ -125,7 +137,7 @@ def main():
                 args.steps // args.adjust_every)
             rows.append([schedule, "cluster model, 5% noise", rule.value, *settle_figures(
                 [h["split"] for h in history], [h["imbalance"] for h in history], change_at,
-                args.global_batch), None])
+                args.global_batch), None, None])
     print_report(
         f"Controller settling: 2 ranks on synthetic data, global batch {args.global_batch}, "
         f"{args.steps} steps, adjustment every {args.adjust_every} steps, from an even split; "
@@ -133,12 +145,14 @@ def main():
         f"max/min compute time <= {SETTLED}; 'moved' is the share of the global batch that "
         f"changes rank per adjustment once settled; efficiency = steady throughput (median "
         f"step time of the last 75% of steps) / the sum of the workers' standalone rates at "
-        f"B/2 (measured in one 1-rank job of interleaved phases before each repeat); rank 0's "
-        f"steady batch is its median over the second half of each phase. {args.repeats} "
-        f"repeat(s): real-rank cells list each run's figure in order.",
+        f"B/2, the mean of that sum measured (in one 1-rank job of interleaved phases) before "
+        f"and after the repeat's runs; 'standalone drift' is the second sum over the first, "
+        f"how far this machine's speed moved meanwhile. Rank 0's steady batch is its median "
+        f"over the second half of each phase. {args.repeats} repeat(s): real-rank cells "
+        f"list each run's figure in order.",
         ["schedule", "ranks", "rule", "adjustments to settle", "to settle after the change",
          "moved per adjustment when settled", "median imbalance",
-         "rank 0's steady batch, before / after", "efficiency"], rows)
+         "rank 0's steady batch, before / after", "standalone drift", "efficiency"], rows)
 
 
 if __name__ == "__main__":
