@@ -255,10 +255,11 @@ def test_sigterm_to_one_abs_rank_stops_every_rank_at_one_window(tmp_path):
 
 def test_sigterm_to_horovodrun_gloo_stops_the_ranks_with_a_checkpoint(tmp_path):
     """SIGTERM to horovodrun --gloo reaches every rank, and they stop with a checkpoint
-    (though the README advises signalling the ranks, see the last paragraph). (mpirun passes SIGTERM on only after odls_base_sigkill_timeout
-    seconds; with 3 s that stopped the ranks with a checkpoint in two runs, but in a third,
-    under the full suite's load, they wrote no step after the signal and were killed
-    without one, so the README advises signalling the ranks under mpirun.)
+    (though the README advises signalling the ranks, see the last paragraph). (mpirun passes
+    SIGTERM on only after odls_base_sigkill_timeout seconds; with 3 s that stopped the ranks
+    with a checkpoint in two runs, but in a third, under the full suite's load, they wrote no
+    step after the signal and were killed without one, so the README advises signalling the
+    ranks under mpirun.)
 
     horovodrun kills the ranks 5 s after passing SIGTERM on. At a 300x emulated slowdown a
     stall of a few ms in a step became seconds, and in one fresh-clone run the ranks were
