@@ -5,14 +5,15 @@ range over rounds:
 - alone: one worker (a 1-rank job, as the demo and `speedup.py` measure the standalone rates
   their ideal speedups come from, `standalone_records`) at factor 1 and at each factor, in
   interleaved phases of one job. A round's factor is its rate at factor 1 over its rate at
-  the factor. The emulation slows a step's compute (fetch, forward, backward), not the
-  optimizer's update after it, so a step whose share u is outside the compute at factor 1
-  is expected at f (1 - u) + u times; the table gives that too, and the ratio of compute
-  times, which is expected at f. Factor 1 alone is the control: a second set of phases at
-  factor 1 in the same job against the first.
+  the factor. The emulation slows a step's busy time (fetch, forward, backward, and the
+  optimizer's update before them), not what lies outside it (the step's bookkeeping), so a
+  step whose share u is outside the busy time at factor 1 is expected at f (1 - u) + u
+  times; the table gives that too, and the ratio of busy times, which is expected at f.
+  Factor 1 alone is the control: a second set of phases at factor 1 in the same job against
+  the first.
 - in a job: 2 ranks at slowdown 1,f with equal static batches, sharing the machine's cores
   as the demo's ranks do. A round's factor is the median, over the steady steps, of rank 1's
-  compute time over rank 0's; this is the factor the controller sees. Slowdown 1,1 is the
+  busy time over rank 0's; this is the factor the controller sees. Slowdown 1,1 is the
   control: how far apart two unslowed ranks of this machine already are.
 
     python benchmarks/emulator_fidelity.py [--factors 4 8] [--repeats 3] [--models cnn resnet18]
@@ -26,7 +27,7 @@ import sys
 from common import print_report
 
 from hvd_dynbatch.tools.jobs import measuring_run, run_training_job, standalone_records
-from hvd_dynbatch.training.metrics import steady_steps
+from hvd_dynbatch.training.metrics import busy_times, steady_steps
 
 # (model options, batch of one worker, steps in a job, rounds of phases alone): the CNN at the
 # per-rank batches of the demo (digits, 512 on 2 ranks) and of speedup.py (synthetic, 256 on 2
@@ -44,8 +45,8 @@ AGAIN = "1.0"
 
 def alone_factors(factors: list, batch: int, options: list, rounds: int) -> tuple:
     """One worker alone, in one job: for each factor, its rate at factor 1 over its rate at
-    the factor and the same ratio of its compute times (at "1", the control's phases over
-    the first's), and the median share of its step at factor 1 outside the compute."""
+    the factor and the same ratio of its busy times (at "1", the control's phases over the
+    first's), and the median share of its step at factor 1 outside the busy time."""
     kept = standalone_records(["1", AGAIN, *factors], batch, options, rounds=rounds,
                               timeout=3600)
 
@@ -53,17 +54,17 @@ def alone_factors(factors: list, batch: int, options: list, rounds: int) -> tupl
         median = {f: statistics.median(key(r) for r in records) for f, records in kept.items()}
         return {f: median[AGAIN if f == "1" else f] / median["1"] for f in ["1", *factors]}
 
-    outside = statistics.median(1 - r["compute_times"][0] / r["step_time"] for r in kept["1"])
-    return ratios(lambda r: r["step_time"]), ratios(lambda r: r["compute_times"][0]), outside
+    outside = statistics.median(1 - busy_times(r)[0] / r["step_time"] for r in kept["1"])
+    return ratios(lambda r: r["step_time"]), ratios(lambda r: busy_times(r)[0]), outside
 
 
 def in_job_factor(factor: str, batch: int, options: list, steps: int) -> float:
-    """Rank 1's compute time over rank 0's in a 2-rank job at slowdown 1,`factor`."""
+    """Rank 1's busy time over rank 0's in a 2-rank job at slowdown 1,`factor`."""
     records = run_training_job(2, [
         *options, "--global-batch", str(2 * batch), "--batching", "static",
         "--slowdown", f"1,{factor}", *measuring_run(steps)])
-    return statistics.median(r["compute_times"][1] / r["compute_times"][0]
-                             for r in steady_steps(records))
+    return statistics.median(slowed / other
+                             for other, slowed in map(busy_times, steady_steps(records)))
 
 
 def main():
@@ -105,13 +106,14 @@ def main():
         f"steps, 3 times (ResNet-18 twice), after the 12 it calibrates on; the median step "
         f"time at the factor over that at factor 1 (f = 1: the second phases at 1 over the "
         f"first), each phase's first 2 steps left out; expected f (1 - u) + u, u the median "
-        f"share of the step outside the compute at factor 1; compute: the same ratio of "
-        f"compute times (fetch, forward, backward and the emulation's sleep), which should "
-        f"read f. In a job: median of rank 1's / rank 0's compute time over the last 75% of "
+        f"share of the step outside the busy time at factor 1; busy: the same ratio of busy "
+        f"times (fetch, forward, backward, the update before them and the emulation's "
+        f"sleep), which should read f. In a job: median of rank 1's / rank 0's busy time "
+        f"over the last 75% of "
         f"steps of a 2-rank job at slowdown 1,f with equal batches (f = 1: the machine's own "
         f"spread).",
         ["model, data", "batch", "factor", "where", "measured (median)", "range", "off by",
-         "expected", "compute"],
+         "expected", "busy"],
         rows)
 
 

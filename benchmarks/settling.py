@@ -2,10 +2,10 @@
 
 Two ranks train with dynamic batching from an even split; the emulated slowdown moves from
 one rank to the other mid-run. For each adjustment window (the steps between two timing
-exchanges, over which the split is fixed) it takes each rank's median compute time and the
-imbalance max/min of those. It reports the adjustments needed to reach imbalance <= 1.10 from
-the start and after the change, and how much of the global batch changes hands per adjustment
-once settled, and the efficiency: the steady throughput over the sum of the two workers'
+exchanges, over which the split is fixed) it takes each rank's median busy time (compute and
+update, what the controller balances) and the imbalance max/min of those. It reports the
+adjustments needed to reach imbalance <= 1.10 from the start and after the change, and how
+much of the global batch changes hands per adjustment once settled, and the efficiency: the steady throughput over the sum of the two workers'
 standalone rates at B/2 (measured before and after the runs, as this machine's speed drifts),
 and rank 0's steady batch in each phase (its median over the phase's second half), to show
 whether the rules hold the same split. The same schedule runs in the cluster model
@@ -32,7 +32,7 @@ from hvd_dynbatch.core.controller import BatchController, ControllerConfig, Rule
 from hvd_dynbatch.core.heterogeneity import Slowdown
 from hvd_dynbatch.core.simulator import ClusterModel, run_adjustments
 from hvd_dynbatch.tools.jobs import measuring_run, run_training_job, standalone_rates
-from hvd_dynbatch.training.metrics import steady_throughput, step_records
+from hvd_dynbatch.training.metrics import busy_times, steady_throughput, step_records
 
 SETTLED = 1.10
 
@@ -43,7 +43,7 @@ def windows(records: list, adjust_every: int) -> list:
     out = []
     for start in range(0, len(steps) - adjust_every + 1, adjust_every):
         chunk = steps[start:start + adjust_every]
-        times = [statistics.median(r["compute_times"][i] for r in chunk)
+        times = [statistics.median(busy_times(r)[i] for r in chunk)
                  for i in range(len(chunk[0]["batch_sizes"]))]
         out.append((chunk[0]["batch_sizes"], max(times) / min(times)))
     return out

@@ -2,7 +2,7 @@
 
 In the spirit of Horovod's `pytorch_synthetic_benchmark.py`, but correct for batches that
 differ between ranks: the total is all ranks' samples over wall time, and each rank's rate is
-its own batch over its own compute time. Rank 0 first prints the figures in the format of
+its own batch over its own busy time (compute and update). Rank 0 first prints the figures in the format of
 Horovod's script (an "Iter #k" line per `--steps-per-iter` steady steps, the mean per device
 +- 1.96 standard deviations, and the total), so they compare with the numbers users know; a
 device's share is the total over the number of devices, as the batches differ. Then one JSON
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from hvd_dynbatch.backend.device import PRECISIONS
 from hvd_dynbatch.core.heterogeneity import preset_factors
-from hvd_dynbatch.training.metrics import steady_steps, steady_throughput
+from hvd_dynbatch.training.metrics import busy_times, steady_steps, steady_throughput
 
 
 def rank_main(args) -> None:
@@ -83,7 +83,7 @@ def horovod_lines(records: list, steps_per_iter: int, device: str) -> list:
 
 def report(records: list, summary: dict) -> dict:
     """Total samples/s over the run and in the steady state (`common.steady_throughput`), and
-    each rank's rate: its batch over its compute time, medians over the steady steps."""
+    each rank's rate: its batch over its busy time, medians over the steady steps."""
     steady = steady_steps(records)
     ranks = len(steady[-1]["batch_sizes"])
     return {
@@ -92,7 +92,7 @@ def report(records: list, summary: dict) -> dict:
         "samples_per_sec": round(summary["samples_per_sec"], 1),
         "steady_samples_per_sec": round(steady_throughput(records), 1),
         "rank_samples_per_sec": [round(statistics.median(
-            r["batch_sizes"][i] / r["compute_times"][i] for r in steady), 1)
+            r["batch_sizes"][i] / busy_times(r)[i] for r in steady), 1)
             for i in range(ranks)],
         "final_split": summary["final_split"]}
 

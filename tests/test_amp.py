@@ -27,10 +27,13 @@ class CountedSteps:
     """Stands in for a DynamicBatching: counts the optimizer's calls."""
 
     def __init__(self):
-        self.computed = self.done = 0
+        self.computed = self.reduced = self.done = 0
 
     def compute_done(self):
         self.computed += 1
+
+    def gradients_reduced(self):
+        self.reduced += 1
 
     def step_done(self):
         self.done += 1
@@ -63,7 +66,7 @@ def test_a_scaled_step_applies_the_unscaled_gradient():
     assert optimizer.finite and not optimizer.overflowed
     for mine, theirs in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(mine, theirs)
-    assert (batching.computed, batching.done) == (1, 1)
+    assert (batching.computed, batching.reduced, batching.done) == (1, 1, 1)
 
 
 def test_an_overflow_is_skipped_the_scale_backs_off_and_the_step_still_closes():

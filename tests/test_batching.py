@@ -1,11 +1,14 @@
 """DynamicBatching in one process: when a decided split takes effect under prefetch, what
 is refused, and where a saved state resumes."""
+import time
+
 import numpy as np
 import pytest
 import torch
 from torch.utils.data import TensorDataset
 
 from hvd_dynbatch.backend.comm import Communicator, LocalCommunicator
+from hvd_dynbatch.backend.weighting import LocalOptimizer
 from hvd_dynbatch.core.controller import ControllerConfig, Rule
 from hvd_dynbatch.errors import DynBatchError
 from hvd_dynbatch.training.batching import DynamicBatching
@@ -101,6 +104,45 @@ def test_the_controller_is_given_each_ranks_time_and_its_error():
     (times, errors, own), = seen
     assert times[1] == pytest.approx(4 * times[0])
     assert np.isfinite(own) and errors == [own, own]  # the peer's is the same, relative
+
+
+class BusyPeer(SlowPeer):
+    """Rank 0 of 2, whose peer is busy 10 ms a step."""
+
+    def allgather(self, values):
+        gathered = super().allgather(values)
+        gathered[1, 2] = 0.01
+        return gathered
+
+
+class SlowUpdateSGD(torch.optim.SGD):
+    """SGD whose update takes 30 ms longer: a worker that is slow at the optimizer's step."""
+
+    def step(self, closure=None):
+        time.sleep(0.03)
+        return super().step(closure)
+
+
+def test_a_slow_update_counts_in_the_time_the_controller_balances():
+    """Rank 0 computes its 32 samples in a few milliseconds at most but takes 30 ms to update;
+    its peer is busy 10 ms a step. With the update counted rank 0 is the slow one and its
+    batch shrinks, where its compute alone would have grown it."""
+    batching = DynamicBatching(DATA, 64, BusyPeer(), adjust_every=3,
+                               controller=ControllerConfig(64, rule=Rule.P))
+    model = torch.nn.Linear(1, 1)
+    optimizer = LocalOptimizer(SlowUpdateSGD(model.parameters(), lr=0.0), batching)
+    for _, (x, _) in zip(range(4), batching.loader()):
+        optimizer.zero_grad()
+        model(x.float().unsqueeze(1)).sum().backward()
+        optimizer.step()
+    records = batching.take_records()
+    assert [r.step for r in records] == [0, 1, 2]
+    # Each step carries the update before it: none before the first.
+    assert records[0].update_times[0] == 0.0
+    assert all(0.03 <= r.update_times[0] < 0.1 for r in records[1:])
+    assert np.median([r.compute_times[0] for r in records]) < 0.01   # the peer's 10 ms
+    assert batching.last_update_seconds >= 0.03
+    assert batching.split[0] < 32
 
 
 def test_a_change_inside_the_prefetched_steps_is_refused():

@@ -67,6 +67,29 @@ def test_the_typical_compute_comes_from_the_ranks_at_factor_one_once_exchanged()
     assert [0.05 + slept[1], 0.1 + slept[2]] == [pytest.approx(4 * 0.04), pytest.approx(4 * 0.08)]
 
 
+def test_the_sleep_covers_the_update_too_at_its_cost_whatever_the_batch():
+    """The rank at factor 1 computes 4 ms a sample and updates in 10 ms; the slowed rank
+    (5 ms a sample, 12 ms updates of its own) is busy 4 times as long, compute and update,
+    at either batch: the update's share does not scale with the batch."""
+    slow, slept = _emulator("1,4", 1)
+    slow.observe([StepRecord(step, 0, [10, 10], [0.04, 0.2], 1.0, [0.01, 0.04])
+                  for step in range(3)])
+    slow.after_compute(3, 10, 0.05, 0.012)
+    slow.after_compute(4, 20, 0.1, 0.012)
+    assert [0.05 + 0.012 + slept[0], 0.1 + 0.012 + slept[1]] == [
+        pytest.approx(4 * (0.04 + 0.01)), pytest.approx(4 * (0.08 + 0.01))]
+
+
+def test_an_update_not_timed_is_left_out_of_the_typical_and_the_own_update():
+    """A step's update of 0 was not timed (a run's first step): the medians skip it."""
+    slow, slept = _emulator("1,4", 1)
+    slow.observe([StepRecord(0, 0, [10, 10], [0.04, 0.2], 1.0, [0.0, 0.0]),
+                  StepRecord(1, 0, [10, 10], [0.04, 0.2], 1.0, [0.01, 0.04])])
+    slow.after_compute(2, 10, 0.05, 0.0)
+    slow.after_compute(3, 10, 0.05, 0.012)
+    assert slept == [pytest.approx(4 * 0.05 - 0.05), pytest.approx(4 * 0.05 - 0.062)]
+
+
 def test_steps_with_every_rank_slowed_or_no_samples_leave_the_typical_compute_alone():
     slow, slept = _emulator("0:2,4;10:1,1", 1)
     slow.observe([StepRecord(0, 0, [10, 10], [0.08, 0.2], 1.0),    # rank 0 at factor 2
@@ -84,11 +107,12 @@ def test_a_rank_alone_takes_its_typical_compute_from_its_first_steps_at_full_spe
     slept = []
     slow = Emulator(Slowdown.parse("4"), 0, 1, memory=3, calibration=5, sleep=slept.append)
     for step, seconds in enumerate((0.1, 0.09, 0.04, 0.05, 0.04)):  # warming up, then typical
-        slow.after_compute(step, 10, seconds)
+        slow.after_compute(step, 10, seconds, 0.01 if step else 0.0)
     assert slept == []
-    slow.after_compute(5, 10, 0.05)
-    slow.after_compute(6, 20, 0.1)
-    assert [0.05 + slept[0], 0.1 + slept[1]] == [pytest.approx(4 * 0.04), pytest.approx(4 * 0.08)]
+    slow.after_compute(5, 10, 0.05, 0.011)
+    slow.after_compute(6, 20, 0.1, 0.011)
+    assert [0.061 + slept[0], 0.111 + slept[1]] == [pytest.approx(4 * (0.04 + 0.01)),
+                                                    pytest.approx(4 * (0.08 + 0.01))]
     assert [slow.calibrated(step) for step in (0, 4, 5)] == [True, True, False]
 
 
@@ -108,10 +132,11 @@ def test_a_rank_left_alone_keeps_the_typical_compute_of_its_last_world():
     the rank at factor 1 computed, from its first step in the new world."""
     slowdown, slept = Slowdown.parse("4,1"), []
     before = Emulator(slowdown, 0, 2, memory=3)
-    before.observe([StepRecord(step, 0, [10, 10], [0.2, 0.04], 1.0) for step in range(3)])
+    before.observe([StepRecord(step, 0, [10, 10], [0.2, 0.04], 1.0, [0.04, 0.01])
+                    for step in range(3)])
     alone = Emulator(slowdown, 0, 1, memory=3, sleep=slept.append, typical=before.typical)
     alone.after_compute(3, 20, 0.1)
-    assert slept == [pytest.approx(4 * 0.08 - 0.1)] and not alone.calibrated(3)
+    assert slept == [pytest.approx(4 * (0.08 + 0.01) - 0.1)] and not alone.calibrated(3)
 
 
 def test_ranks_of_a_job_follow_the_unslowed_ranks_without_calibrating():

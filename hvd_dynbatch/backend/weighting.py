@@ -12,8 +12,9 @@ each rank scales its own gradient by b_i / B before a `op=Sum` allreduce.
 multiplies the gradient by the current weight before it is accumulated into `.grad`, which is
 before Horovod's own hook starts the allreduce. The weight comes from a `DynamicBatching`
 (`batching=`), which the optimizer also tells when compute ends (`synchronize`, once the
-parameters' GPU has finished the step's kernels: see `device.wait_for_compute`) and when the
-step ends (`step`); without one, tell it each step's batch sizes with
+parameters' GPU has finished the step's kernels: see `device.wait_for_compute`), when the
+allreduce has returned (the end of `synchronize`: the update starts) and when the step ends
+(`step`); without one, tell it each step's batch sizes with
 `set_batch_size(local, global)`; until then the weight is 1 / size, Horovod's plain average.
 
 Both optimizers screen the reduced gradients before applying them: a step whose gradients
@@ -129,7 +130,10 @@ class _BatchWeighted:
             # handle is None or a callable for a gradient whose allreduce is not under way.
             wait_napping([h for h, _ in self._handles.values() if isinstance(h, int)],
                          self._poll, self._nap)
-        return self._horovod.synchronize(self)
+        result = self._horovod.synchronize(self)
+        if self._batching is not None:
+            self._batching.gradients_reduced()
+        return result
 
     def step(self, closure=None):
         """Horovod's step (which waits for the allreduce) with the reduced gradients screened
@@ -198,6 +202,7 @@ class _LocalSteps:
     def synchronize(self) -> None:
         wait_for_compute(parameters_device(self))
         self._batching.compute_done()
+        self._batching.gradients_reduced()
 
     def step(self, closure=None):
         self.synchronize()

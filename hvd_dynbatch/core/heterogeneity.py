@@ -1,12 +1,13 @@
-"""Emulated heterogeneity on one machine: rank i's compute takes s_i times as long.
+"""Emulated heterogeneity on one machine: rank i's steps take s_i times as long.
 
 A rank with factor s sleeps in each step until the step has cost s times the machine's
-typical compute for it, what it would cost on hardware s times slower. A schedule changes the
-factors at given steps, to emulate transient interference. On a real cluster nothing is
-emulated.
+typical compute and update for it, what it would cost on hardware s times slower. A schedule
+changes the factors at given steps, to emulate transient interference. On a real cluster
+nothing is emulated.
 
-The sleep comes after backward, sized from the recent computes of the ranks at factor 1, or in
-a 1-rank job from its own first steps at full speed (see `Emulator`). Horovod's hooks have
+The sleep comes after backward, sized from the recent computes and optimizer updates of the
+ranks at factor 1, or in a 1-rank job from its own first steps at full speed (see `Emulator`):
+slower hardware is slower at both. Horovod's hooks have
 sent the gradients by then, so the other ranks finish that step's allreduce and start their
 next step while this rank sleeps; but that next step's allreduce waits for this rank, so they
 lead by one step at most and every rank runs at the emulated worker's pace. The time this
@@ -24,7 +25,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, NamedTuple, Optional
 
 from ..errors import DynBatchError
 
@@ -105,18 +106,35 @@ def preset_factors(preset: str, ranks: int = 2) -> tuple:
                         f"(e.g. HL4) or cores:<c1>/<c2>/... (e.g. cores:6/6/4/32)")
 
 
+class Typical(NamedTuple):
+    """The recent unslowed steps an `Emulator` takes this machine's typical costs from."""
+
+    per_sample: tuple = ()   # seconds of compute (fetch, forward, backward) per sample
+    update: tuple = ()       # seconds of the optimizer's update, whatever the batch
+
+
+def _median(values, default: float) -> float:
+    return statistics.median(values) if values else default
+
+
 class Emulator:
     """Sleeps after each compute of one rank as its slowdown factor says.
 
-    A step should cost s times the typical compute of its batch on this machine: the median
-    per-sample compute (forward plus backward) of the last `memory` steps, times the batch.
-    The sleep is that less this rank's own median compute of the batch, so a stall (another
-    process, a page fault) lengthens its step once, as it would on slower hardware, not s
-    times as a sleep of (s - 1) times the step's own compute made it: in a 2-rank job a 4x
-    rank's compute at batch 30 then ranged 126-315 ms over 10 steps, and the "model" rule,
-    which reads such jumps as changes of speed, did not settle after the slowdown moved.
+    A step should cost s times the typical cost of its batch on this machine: the median
+    per-sample compute (forward plus backward) of the last `memory` steps, times the batch,
+    plus the median optimizer update, which costs the same at any batch (the update before
+    the step, which delays its arrival at the allreduce as the compute does). Slowing only
+    the compute left the update at full speed: alone, a step whose update took u = 4-7% of
+    it measured f (1 - u) + u times, 7-10% under f at factor 4 and 8 (cnn at batch 16,
+    ResNet-18 at 32), and in a job the slowed rank's slow update, which real slow hardware
+    has, was missing. The sleep is that less this rank's own median compute of the batch
+    and its own median update, so a stall (another process, a page fault) lengthens its
+    step once, as it would on slower hardware, not s times as a sleep of (s - 1) times the
+    step's own compute made it: in a 2-rank job a 4x rank's compute at batch 30 then ranged
+    126-315 ms over 10 steps, and the "model" rule, which reads such jumps as changes of
+    speed, did not settle after the slowdown moved.
 
-    The typical compute is that of the job's ranks at factor 1, once an exchange has shown
+    The typical costs are those of the job's ranks at factor 1, once an exchange has shown
     their steps (`observe`); until then, or if every rank is slowed, it is this rank's own,
     and the sleep is (s - 1) times it. A rank that sleeps computes more slowly than one that
     does not: in 2-rank jobs on 2 cores (cnn, digits, batch 256, factor 8) the slowed rank's
@@ -131,7 +149,7 @@ class Emulator:
     after a pause of 45 ms, slept or spun, computed 12-18% more slowly than a step after a
     step (cnn, batch 16), and 1-rank jobs at factor 8 ran 9.2-10.2 times as long a step as
     at factor 1. Its first `calibration` computes therefore run at full speed, back to
-    back, and the median of the last `memory` of them is its typical compute; the steps
+    back, and the medians of the last `memory` of them are its typical costs; the steps
     they belong to are `calibrated` and measure nothing emulated (`metrics.steady_steps`
     leaves them out). The first few computes of a process are not typical: against the
     median of its steps from the 13th on (1-rank jobs at factor 1, cnn on synthetic data at
@@ -140,7 +158,7 @@ class Emulator:
     factor 1 pause too, waiting for the slowed one, so the typical compute taken from them
     already carries that cost.
 
-    A rank that an elastic job leaves alone has its typical compute already: `typical` carries
+    A rank that an elastic job leaves alone has its typical costs already: `typical` carries
     it from the emulator of the world before, so the rank does not calibrate again (its next
     12 steps would have run at full speed, as no slowed worker does).
 
@@ -152,19 +170,21 @@ class Emulator:
 
     def __init__(self, slowdown: Optional[Slowdown], rank: int, world_size: int,
                  memory: int = 9, calibration: int = CALIBRATION_STEPS,
-                 sleep: Callable[[float], None] = time.sleep, typical: Sequence[float] = ()):
+                 sleep: Callable[[float], None] = time.sleep, typical: Typical = Typical()):
         self.slowdown, self.rank = slowdown, rank
         self._own = collections.deque(maxlen=memory)
-        self._unslowed = collections.deque(typical, maxlen=memory)
+        self._own_update = collections.deque(maxlen=memory)
+        self._unslowed = collections.deque(typical.per_sample, maxlen=memory)
+        self._unslowed_update = collections.deque(typical.update, maxlen=memory)
         self._calibration = calibration if world_size == 1 and not self._unslowed else 0
         self._calibrated = set()
         self._sleep = sleep
 
     @property
-    def typical(self) -> tuple:
-        """The recent per-sample computes whose median is the typical compute, for the
-        emulator of this rank in the next world (`typical=`)."""
-        return tuple(self._unslowed)
+    def typical(self) -> Typical:
+        """The recent unslowed costs whose medians are the typical ones, for the emulator of
+        this rank in the next world (`typical=`)."""
+        return Typical(tuple(self._unslowed), tuple(self._unslowed_update))
 
     def calibrated(self, step: int) -> bool:
         """Whether `step` ran at full speed to calibrate a rank alone (see the class)."""
@@ -172,32 +192,45 @@ class Emulator:
 
     def observe(self, records) -> None:
         """Take the exchanged steps (`StepRecord`s, the same on every rank): the per-sample
-        compute of their ranks at factor 1 becomes the typical compute."""
+        compute and the update of their ranks at factor 1 become the typical ones (an
+        update of 0 was not timed)."""
         if self.slowdown is None:
             return
         for record in records:
-            per_sample = [seconds / batch for rank, (batch, seconds) in
-                          enumerate(zip(record.batch_sizes, record.compute_times))
-                          if batch > 0 and seconds > 0
-                          and self.slowdown.factor(record.step, rank) == 1]
-            if per_sample:
-                self._unslowed.append(statistics.median(per_sample))
+            unslowed = [(seconds / batch, update) for rank, (batch, seconds, update) in
+                        enumerate(zip(record.batch_sizes, record.compute_times,
+                                      record.update_times or [0.0] * len(record.batch_sizes)))
+                        if batch > 0 and seconds > 0
+                        and self.slowdown.factor(record.step, rank) == 1]
+            if unslowed:
+                self._unslowed.append(statistics.median(c for c, _ in unslowed))
+                updates = [u for _, u in unslowed if u > 0]
+                if updates:
+                    self._unslowed_update.append(statistics.median(updates))
 
-    def after_compute(self, step: int, batch: int, compute_seconds: float) -> None:
-        """Record that `batch` samples took `compute_seconds` in `step`, then sleep until
-        the step has cost s times the typical compute of `batch` samples, taking this rank's
-        own compute to be its median one over its recent slowed steps."""
+    def after_compute(self, step: int, batch: int, compute_seconds: float,
+                      update_seconds: float = 0.0) -> None:
+        """Record that `batch` samples took `compute_seconds` in `step`, after an update of
+        `update_seconds` (0: not timed), then sleep until the step has cost s times the
+        typical compute of `batch` samples and the typical update, taking this rank's own
+        to be its medians over its recent slowed steps."""
         if self.slowdown is None or batch <= 0 or compute_seconds <= 0:
             return
         if self._calibration:
             self._calibration -= 1
             self._calibrated.add(step)
             self._unslowed.append(compute_seconds / batch)
+            if update_seconds > 0:
+                self._unslowed_update.append(update_seconds)
             return
         factor = self.slowdown.factor(step, self.rank)
         if factor > 1:
-            # Only computes of steps that sleep: those of steps at factor 1 ran faster.
+            # Only steps that sleep: those at factor 1 ran faster, back to back.
             self._own.append(compute_seconds / batch)
+            if update_seconds > 0:
+                self._own_update.append(update_seconds)
             own = statistics.median(self._own)
-            typical = statistics.median(self._unslowed) if self._unslowed else own
-            self._sleep(max(0.0, (factor * typical - own) * batch))
+            own_update = _median(self._own_update, 0.0)
+            typical = _median(self._unslowed, own) * batch + \
+                _median(self._unslowed_update, own_update)
+            self._sleep(max(0.0, factor * typical - own * batch - own_update))

@@ -27,7 +27,8 @@ def median_error(samples, axis: int = 0):
 
 
 class StepTimer:
-    """Times the compute part of each step (data loading to the end of backward).
+    """Times this rank's part of each step: data loading to the end of backward, with the
+    optimizer's update before it (`training.batching` records the two).
 
     The smoothed value is the median of the last `window` steps, which ignores the odd slow
     step (a page fault, a noisy neighbour) that a mean would chase. Call `reset()` when the

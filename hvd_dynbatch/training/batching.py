@@ -21,10 +21,18 @@ What happens in one step on rank i:
    weight the gradient by b_i / B (`weight`), so Horovod's sum-allreduce gives the mean over
    all B samples: N ranks take the step one rank would take on the whole global batch.
 3. When the optimizer starts to synchronize (backward has ended) the compute time is taken;
-   the wait for other ranks is not part of it. `optimizer.step()` then closes the step.
-4. Every `adjust_every` steps the ranks all-gather each step's (batch, compute time, loss)
-   and their smoothed compute times with their errors; the controller computes the next
-   split from them, the same on every rank, so no broadcast is needed. The gather starts
+   the wait for other ranks is not part of it. When the allreduce has returned, the
+   optimizer's update runs (and whatever the script does between `synchronize()` and
+   `step()`, such as clipping); `optimizer.step()` then closes the step, and the update's
+   time is counted with the next step's compute. What the controller balances is a rank's
+   busy time between two allreduces, update plus compute: a worker on slower hardware also
+   updates more slowly, and an imbalance of updates, invisible in the compute alone, holds
+   every rank at the allreduce just as well (a few percent of a CNN's SGD step, more for
+   Adam on a large model). The update is batch-independent, a fixed cost the `model` rule
+   fits as such.
+4. Every `adjust_every` steps the ranks all-gather each step's (batch, compute time, update
+   time, loss) and their smoothed busy times with their errors; the controller computes the
+   next split from them, the same on every rank, so no broadcast is needed. The gather starts
    when the exchange step's compute ends, before the optimizer waits for the gradients:
    one more small collective beside the gradients' allreduce, not a round of its own after
    it (at 20 ms steps an all-gather of its own took 2-3% of the training time under Gloo and
@@ -57,8 +65,8 @@ from ..core.sampler import StepPlan, VariableBatchSampler
 from ..core.timing import StepTimer
 from ..errors import DynBatchError
 
-# Each step's facts in the exchange: batch, compute seconds, loss.
-_FACTS = 3
+# Each step's facts in the exchange: batch, compute seconds, update seconds, loss.
+_FACTS = 4
 # DataLoader's options that choose batches, with their defaults (the only values accepted).
 _BATCH_CHOOSING = {"batch_size": 1, "shuffle": False, "sampler": None, "batch_sampler": None,
                    "drop_last": False}
@@ -71,8 +79,11 @@ class StepRecord:
     step: int
     epoch: int
     batch_sizes: List[int]      # every rank's batch
-    compute_times: List[float]  # every rank's compute seconds
+    compute_times: List[float]  # every rank's compute seconds (fetch, forward, backward)
     loss: float                 # the mean over the step's samples (NaN if not recorded)
+    # every rank's seconds in the optimizer's update before the step (the previous step's,
+    # which delays this one's arrival at the allreduce); empty or 0 where none was timed
+    update_times: Sequence[float] = ()
 
     @property
     def global_batch(self) -> int:
@@ -97,9 +108,11 @@ class StepExchange:
         """The steps noted and not yet gathered."""
         return len(self._steps) + (0 if self._started is None else len(self._started[1]))
 
-    def add(self, step: int, epoch: int, batch: int, compute: float, loss: float) -> None:
-        """Note one step of this rank whose compute has ended (local)."""
-        self._facts.append((batch, compute, loss))
+    def add(self, step: int, epoch: int, batch: int, compute: float, loss: float,
+            update: float = 0.0) -> None:
+        """Note one step of this rank whose compute has ended, with the update before it
+        (0 if not timed). Local."""
+        self._facts.append((batch, compute, update, loss))
         self._steps.append((step, epoch))
 
     def clear(self) -> None:
@@ -137,7 +150,8 @@ class StepExchange:
         facts = facts.reshape(comm.size, -1, _FACTS)
         records = [StepRecord(step, epoch, facts[:, k, 0].astype(int).tolist(),
                               facts[:, k, 1].tolist(),
-                              _weighted_mean(facts[:, k, 2], facts[:, k, 0]))
+                              _weighted_mean(facts[:, k, 3], facts[:, k, 0]),
+                              facts[:, k, 2].tolist())
                    for k, (step, epoch) in enumerate(steps)]
         return heads, records
 
@@ -192,6 +206,7 @@ class DynamicBatching:
         self.clock = 0.0                 # training seconds: this rank's steps and exchanges
         self.exchange_seconds = 0.0      # of which: exchanges and the controller
         self.last_step_seconds = 0.0
+        self.last_update_seconds = 0.0   # this rank's last update, counted with the next step
         self.last_full_split = None      # every rank's batch in the last step that took B
         self._position = self._sampler.state_dict()  # where the next step to train starts
         self._splits = [(0, tuple(int(b) for b in split))]  # (first step, split), in order
@@ -199,8 +214,9 @@ class DynamicBatching:
         self._tuned = set() if autotuning else None  # batch sizes this rank has run
         self._plans = collections.deque()  # planned by the loader, not yet handed out
         self._planned = 0                # steps planned so far (the next plan's step)
-        self._current = None             # the handed-out step: (plan, step, started)
+        self._current = None             # the handed-out step: (plan, step, started, after)
         self._compute = None
+        self._reduced_at = None          # when the handed-out step's allreduce returned
         self._loss = math.nan
         self._exchange = StepExchange()
         self._records = []
@@ -327,14 +343,15 @@ class DynamicBatching:
                                 "optimizer.step() once per batch")
         plan, step, after = self._plans.popleft()
         self._current = (plan, step, started, after)
-        self._compute, self._loss = None, math.nan
+        self._compute, self._loss, self._reduced_at = None, math.nan, None
 
     # -- the step: timing, closing, exchange --------------------------------------------------
 
     def compute_done(self) -> None:
-        """Mark the end of this step's compute (backward done) and note the step's facts; on
-        the last step before an exchange, start the exchange's gather. The optimizer calls
-        it when it starts to synchronize; later calls in the same step are ignored.
+        """Mark the end of this step's compute (backward done) and note the step's facts,
+        with the update before it; on the last step before an exchange, start the
+        exchange's gather. The optimizer calls it when it starts to synchronize; later calls
+        in the same step are ignored.
 
         Collective on those steps (every rank calls it, through the optimizer or
         `step_done`). A loss for `records` must be recorded before it.
@@ -350,12 +367,20 @@ class DynamicBatching:
                 self._timed_split = split
             mine = plan.sizes[self.rank]
             if self._tuned is None or mine in self._tuned:
-                self.timer.record(self._compute)
+                self.timer.record(self._compute + self.last_update_seconds)
             else:
                 self._tuned.add(mine)
-        self._exchange.add(step, plan.epoch, plan.sizes[self.rank], self._compute, self._loss)
+        self._exchange.add(step, plan.epoch, plan.sizes[self.rank], self._compute, self._loss,
+                           self.last_update_seconds)
         if (step + 1) % self.adjust_every == 0:
             self._exchange.start(self.comm, self._head())
+
+    def gradients_reduced(self) -> None:
+        """Mark that the handed-out step's allreduce has returned: the optimizer's update
+        starts, timed until `step_done`. The optimizer calls it after synchronizing; later
+        calls in the same step are ignored. Local. Without it the updates count as 0."""
+        if self._current is not None and self._reduced_at is None:
+            self._reduced_at = time.perf_counter()
 
     def seconds_into_step(self) -> float:
         """Seconds since the step handed out was asked for (0 if none is)."""
@@ -376,7 +401,9 @@ class DynamicBatching:
                                 "loader; iterate batching.loader(...) for the training batches")
         self.compute_done()
         _, step, started, after = self._current
-        self.last_step_seconds = time.perf_counter() - started
+        now = time.perf_counter()
+        self.last_step_seconds = now - started
+        self.last_update_seconds = 0.0 if self._reduced_at is None else now - self._reduced_at
         self.clock += self.last_step_seconds
         self._current, self._position, self.step = None, after, step + 1
         if self.step % self.adjust_every == 0:
@@ -411,7 +438,7 @@ class DynamicBatching:
 
     def _head(self) -> list:
         """This rank's values in every exchange besides its steps: the lag, the smoothed
-        compute time and its relative error."""
+        busy time (update plus compute) and its relative error."""
         return [-1 if self.lag is None else self.lag, self.timer.smoothed, self.timer.error]
 
     def _check_lags(self, lags: np.ndarray) -> None:

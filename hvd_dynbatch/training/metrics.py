@@ -102,6 +102,13 @@ def step_records(records: list) -> list:
     return [r for r in records if "batch_sizes" in r]
 
 
+def busy_times(record: dict) -> list:
+    """Each rank's busy seconds in a step record: its compute and the update before it, what
+    the controller balances (the compute alone in a file written before updates were timed)."""
+    updates = record.get("update_times") or [0.0] * len(record["compute_times"])
+    return [c + u for c, u in zip(record["compute_times"], updates)]
+
+
 def steady_steps(records: list, skip_fraction: float = 0.25) -> list:
     """The step records after the first `skip_fraction` of the run, which hold start-up
     costs and, under dynamic batching, the even split the controller starts from; without

@@ -3,7 +3,7 @@
 Each step trains this rank's slice of a planned split of the global batch, fed by the
 `DynamicBatching` loader (prefetched by `loader_workers` DataLoader processes), with the
 gradient weighted by b_i / B, a sleep after backward if heterogeneity is
-emulated, and the optimizer step where Horovod's allreduce completes. Under `--amp fp16` the
+emulated (for the compute and the update before it), and the optimizer step where Horovod's allreduce completes. Under `--amp fp16` the
 loss is scaled before backward and the optimizer unscales after the allreduce.
 `DynamicBatching` owns the rest: timing, the exchange every `adjust_every` steps, the
 controller.
@@ -138,7 +138,8 @@ class SynchronousSteps:
             # The clock must not stop before the GPU has (see `device`); the optimizer's
             # synchronize would wait there anyway, and the loss is read after it for free.
             wait_for_compute(self.device)
-            emulator.after_compute(step, len(y), self.batching.seconds_into_step())
+            emulator.after_compute(step, len(y), self.batching.seconds_into_step(),
+                                   self.batching.last_update_seconds)
             self.batching.record_loss(loss.item())
         # An empty slice (an epoch's short last step) has no backward: Horovod's synchronize
         # sends zeros for the gradients whose hooks did not fire.

@@ -235,7 +235,7 @@ class Trainer:
         """Bind to the ranks of `comm`, from `committed` (a `state_dict()`) if given.
 
         Local: no collective. Per-rank facts (timings) start afresh, but for the emulated
-        slowdown's typical compute, which is this machine's. The split is the committed one
+        slowdown's typical costs, which are this machine's. The split is the committed one
         if the world kept its size, else an even one (the first start may use
         --initial-split); B follows the batch policy; the controller rebalances from there.
         """
@@ -418,7 +418,8 @@ class Trainer:
             self.metrics.write({**info, "epoch": record.epoch, "world_size": self.comm.size,
                                 "global_batch": record.global_batch,
                                 "batch_sizes": record.batch_sizes,
-                                "compute_times": record.compute_times, "loss": record.loss})
+                                "compute_times": record.compute_times,
+                                "update_times": record.update_times, "loss": record.loss})
         return bool(records)
 
     def finish(self) -> dict:
