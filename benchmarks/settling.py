@@ -8,7 +8,9 @@ adjustments needed to reach imbalance <= 1.10 from the start and after the chang
 much of the global batch changes hands per adjustment once settled, and the efficiency: the steady throughput over the sum of the two workers'
 standalone rates at B/2 (measured before and after the runs, as this machine's speed drifts),
 and rank 0's steady batch in each phase (its median over the phase's second half), to show
-whether the rules hold the same split. The same schedule runs in the cluster model
+whether the rules hold the same split, and after how many adjustments its batch holds within
+2% of B of it: the rule's own settling, which the imbalance of a 5-step window, noisy on a
+shared machine, can hide. The same schedule runs in the cluster model
 (`hvd_dynbatch.core.simulator`) with matching rates and noise, as a noise-controlled
 reference.
 
@@ -35,6 +37,8 @@ from hvd_dynbatch.tools.jobs import measuring_run, run_training_job, standalone_
 from hvd_dynbatch.training.metrics import busy_times, steady_throughput, step_records
 
 SETTLED = 1.10
+# A split holds once rank 0's batch stays within this share of B of its steady value.
+HOLDS = 0.02
 
 
 def windows(records: list, adjust_every: int) -> list:
@@ -51,10 +55,18 @@ def windows(records: list, adjust_every: int) -> list:
 
 def settle_figures(splits: list, imbalances: list, change_at: int, global_batch: int) -> list:
     """Adjustments to settle from the start and after the change; movement once settled;
-    the median imbalance; rank 0's steady batch before / after the change."""
+    the median imbalance; rank 0's steady batch before / after the change, and the
+    adjustments after which its batch holds there (within `HOLDS` of B to the phase's end:
+    the rule's own settling, which a window's timing noise does not move)."""
     def first_settled(start, stop):
         for k in range(start, stop):
             if imbalances[k] <= SETTLED:
+                return k - start
+        return None
+
+    def holds_from(start, stop, steady):
+        for k in range(start, stop):
+            if all(abs(s[0] - steady) <= HOLDS * global_batch for s in splits[k:stop]):
                 return k - start
         return None
 
@@ -65,11 +77,14 @@ def settle_figures(splits: list, imbalances: list, change_at: int, global_batch:
     settled_moves = [m for k, m in enumerate(moves)
                      if to_settle is not None and to_settle + 2 <= k < change_at - 1
                      or after_change is not None and change_at + after_change + 2 <= k]
+    phases = ((0, change_at), (change_at, len(splits)))
     steady = [statistics.median(s[0] for s in splits[(start + stop) // 2:stop])
-              for start, stop in ((0, change_at), (change_at, len(splits)))]
+              for start, stop in phases]
+    holds = [holds_from(start, stop, batch) for (start, stop), batch in zip(phases, steady)]
     return [to_settle, after_change,
             f"{statistics.mean(settled_moves):.2%}" if settled_moves else None,
-            f"{statistics.median(imbalances):.2f}", "/".join(f"{b:g}" for b in steady)]
+            f"{statistics.median(imbalances):.2f}", "/".join(f"{b:g}" for b in steady),
+            "/".join("-" if k is None else str(k) for k in holds)]
 
 
 def standalone_limit(factors: list, batch: int, options: list) -> float:
@@ -142,17 +157,20 @@ def main():
         f"Controller settling: 2 ranks on synthetic data, global batch {args.global_batch}, "
         f"{args.steps} steps, adjustment every {args.adjust_every} steps, from an even split; "
         f"the slowdown schedule moves the slow worker at the given step. Settled means "
-        f"max/min compute time <= {SETTLED}; 'moved' is the share of the global batch that "
+        f"max/min busy time (compute and update) <= {SETTLED}; 'moved' is the share of the global batch that "
         f"changes rank per adjustment once settled; efficiency = steady throughput (median "
         f"step time of the last 75% of steps) / the sum of the workers' standalone rates at "
         f"B/2, the mean of that sum measured (in one 1-rank job of interleaved phases) before "
         f"and after the repeat's runs; 'standalone drift' is the second sum over the first, "
         f"how far this machine's speed moved meanwhile. Rank 0's steady batch is its median "
-        f"over the second half of each phase. {args.repeats} repeat(s): real-rank cells "
+        f"over the second half of each phase; 'holds from' counts the adjustments after "
+        f"which rank 0's batch stays within {HOLDS:.0%} of B of it to the phase's end. "
+        f"{args.repeats} repeat(s): real-rank cells "
         f"list each run's figure in order.",
         ["schedule", "ranks", "rule", "adjustments to settle", "to settle after the change",
          "moved per adjustment when settled", "median imbalance",
-         "rank 0's steady batch, before / after", "standalone drift", "efficiency"], rows)
+         "rank 0's steady batch, before / after", "holds from, before / after",
+         "standalone drift", "efficiency"], rows)
 
 
 if __name__ == "__main__":

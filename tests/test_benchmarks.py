@@ -54,3 +54,17 @@ def test_throughput_prints_horovods_figures_from_the_steady_steps():
                      f"Iter #1: {per_device[1]:.1f} img/sec per GPU",
                      f"Img/sec per GPU: {mean:.1f} +-{conf:.1f}",
                      f"Total img/sec on 2 GPU(s): {2 * mean:.1f} +-{2 * conf:.1f}"]
+
+
+def test_settling_counts_the_adjustments_after_which_the_split_holds():
+    sys.path.insert(0, str(BENCHMARKS))
+    from settling import settle_figures
+
+    before = [(128, 128), (200, 56), (206, 50), (205, 51), (205, 51), (205, 51)]
+    after = [(205, 51), (60, 196), (51, 205), (50, 206), (51, 205), (51, 205)]
+    imbalances = [4.0, 1.2, 1.05, 1.3, 1.0, 1.0, 4.0, 1.2, 1.3, 1.08, 1.0, 1.0]
+    figures = settle_figures(before + after, imbalances, 6, 256)
+    # Settled by the imbalance after 2 and 3 adjustments; the split held within 2% of B
+    # (5.12 samples) of 205 and 51 after 1 and 2.
+    assert figures[:2] == [2, 3]
+    assert figures[4:] == ["205/51", "1/2"]

@@ -78,6 +78,9 @@ def test_n_ranks_end_with_the_weights_of_one(reference, tmp_path, launcher, np, 
     # 22 full steps take 1408 of the 1437 training samples; step 22 takes the other 29.
     assert [r["global_batch"] for r in steps] == [64] * 22 + [29] + [64] * 7
     check_splits(steps)
+    # Every rank timed its optimizer's update, which counts with the next step's compute.
+    assert steps[0]["update_times"] == [0.0] * np
+    assert all(u > 0 for r in steps[1:] for u in r["update_times"])
 
     # The timing exchange used mpi4py where Horovod runs on MPI, Horovod itself under Gloo.
     summary = records[-1]
@@ -100,7 +103,7 @@ def test_metrics_records_and_summary(reference):
     weights, records = reference
     steps = step_records(records)
     for key in ("step", "generation", "epoch", "time", "world_size", "global_batch", "batch_sizes",
-                "compute_times", "step_time", "lr", "loss"):
+                "compute_times", "update_times", "step_time", "lr", "loss"):
         assert key in steps[0], key
     summary = records[-1]
     assert summary["type"] == "summary"
