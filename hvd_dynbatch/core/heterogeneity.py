@@ -7,11 +7,11 @@ nothing is emulated.
 
 The sleep comes after backward, sized from the recent computes and optimizer updates of the
 ranks at factor 1, or in a 1-rank job from its own first steps at full speed (see `Emulator`):
-slower hardware is slower at both. Horovod's hooks have
-sent the gradients by then, so the other ranks finish that step's allreduce and start their
-next step while this rank sleeps; but that next step's allreduce waits for this rank, so they
-lead by one step at most and every rank runs at the emulated worker's pace. The time this
-rank reports for the step (and gathers, for the controller) includes the sleep.
+slower hardware is slower at both. Horovod's hooks have sent the gradients by then, so the
+other ranks finish that step's allreduce and start their next step while this rank sleeps; but
+that next step's allreduce waits for this rank, so they lead by one step at most and every rank
+runs at the emulated worker's pace. The time this rank reports for the step (and gathers, for
+the controller) includes the sleep.
 
 Spec syntax: "1,1,2,4" (from step 0 on), or "0:1,4;50:4,1;80:1,1" (factors from each step on).
 `preset_factors` turns the papers' set-ups into factors: heterogeneity levels "HL4" (the
@@ -159,7 +159,7 @@ class Emulator:
     already carries that cost.
 
     A rank that an elastic job leaves alone has its typical costs already: `typical` carries
-    it from the emulator of the world before, so the rank does not calibrate again (its next
+    them from the emulator of the world before, so the rank does not calibrate again (its next
     12 steps would have run at full speed, as no slowed worker does).
 
     What the medians are taken over must be clean: on 2 ranks sharing 2 cores, a rank
