@@ -1,17 +1,17 @@
 """How fast and how steadily each controller rule balances real ranks.
 
-Two ranks train with dynamic batching from an even split; the emulated slowdown moves from
-one rank to the other mid-run. For each adjustment window (the steps between two timing
-exchanges, over which the split is fixed) it takes each rank's median busy time (compute and
-update, what the controller balances) and the imbalance max/min of those. It reports the
-adjustments needed to reach imbalance <= 1.10 from the start and after the change, and how
-much of the global batch changes hands per adjustment once settled, and the efficiency: the steady throughput over the sum of the two workers'
-standalone rates at B/2 (measured before and after the runs, as this machine's speed drifts),
-and rank 0's steady batch in each phase (its median over the phase's second half), to show
-whether the rules hold the same split, and after how many adjustments its batch holds within
-2% of B of it: the rule's own settling, which the imbalance of a 5-step window, noisy on a
-shared machine, can hide. The same schedule runs in the cluster model
-(`hvd_dynbatch.core.simulator`) with matching rates and noise, as a noise-controlled
+Two ranks train with dynamic batching from an even split; the emulated slowdown moves from one
+rank to the other mid-run. For each adjustment window (the steps between two timing exchanges,
+over which the split is fixed) it takes each rank's median busy time (compute and update, what
+the controller balances) and the imbalance max/min of those. It reports the adjustments needed
+to reach imbalance <= 1.10 from the start and after the change, and how much of the global
+batch changes hands per adjustment once settled, and the efficiency: the steady throughput over
+the sum of the two workers' standalone rates at B/2 (measured before and after the runs, as
+this machine's speed drifts), and rank 0's steady batch in each phase (its median over the
+phase's second half), to show whether the rules hold the same split, and after how many
+adjustments its batch holds within 2% of B of it: the rule's own settling, which the imbalance
+of a 5-step window, noisy on a shared machine, can hide. The same schedule runs in the cluster
+model (`hvd_dynbatch.core.simulator`) with matching rates and noise, as a noise-controlled
 reference.
 
 With `--repeats N` every real-rank row lists its N runs' figures in order. Each repeat runs the
@@ -157,16 +157,16 @@ def main():
         f"Controller settling: 2 ranks on synthetic data, global batch {args.global_batch}, "
         f"{args.steps} steps, adjustment every {args.adjust_every} steps, from an even split; "
         f"the slowdown schedule moves the slow worker at the given step. Settled means "
-        f"max/min busy time (compute and update) <= {SETTLED}; 'moved' is the share of the global batch that "
-        f"changes rank per adjustment once settled; efficiency = steady throughput (median "
-        f"step time of the last 75% of steps) / the sum of the workers' standalone rates at "
-        f"B/2, the mean of that sum measured (in one 1-rank job of interleaved phases) before "
-        f"and after the repeat's runs; 'standalone drift' is the second sum over the first, "
-        f"how far this machine's speed moved meanwhile. Rank 0's steady batch is its median "
-        f"over the second half of each phase; 'holds from' counts the adjustments after "
-        f"which rank 0's batch stays within {HOLDS:.0%} of B of it to the phase's end. "
-        f"{args.repeats} repeat(s): real-rank cells "
-        f"list each run's figure in order.",
+        f"max/min busy time (compute and update) <= {SETTLED}; 'moved' is the share of the "
+        f"global batch that changes rank per adjustment once settled; efficiency = steady "
+        f"throughput (median step time of the last 75% of steps) / the sum of the workers' "
+        f"standalone rates at B/2, the mean of that sum measured (in one 1-rank job of "
+        f"interleaved phases) before and after the repeat's runs; 'standalone drift' is the "
+        f"second sum over the first, how far this machine's speed moved meanwhile. Rank 0's "
+        f"steady batch is its median over the second half of each phase; 'holds from' counts "
+        f"the adjustments after which rank 0's batch stays within {HOLDS:.0%} of B of it to "
+        f"the phase's end. {args.repeats} repeat(s): real-rank cells list each run's figure "
+        f"in order.",
         ["schedule", "ranks", "rule", "adjustments to settle", "to settle after the change",
          "moved per adjustment when settled", "median imbalance",
          "rank 0's steady batch, before / after", "holds from, before / after",

@@ -2,11 +2,11 @@
 
 In the spirit of Horovod's `pytorch_synthetic_benchmark.py`, but correct for batches that
 differ between ranks: the total is all ranks' samples over wall time, and each rank's rate is
-its own batch over its own busy time (compute and update). Rank 0 first prints the figures in the format of
-Horovod's script (an "Iter #k" line per `--steps-per-iter` steady steps, the mean per device
-+- 1.96 standard deviations, and the total), so they compare with the numbers users know; a
-device's share is the total over the number of devices, as the batches differ. Then one JSON
-line with the per-rank rates. It is one rank of a job, so it runs unchanged under any
+its own batch over its own busy time (compute and update). Rank 0 first prints the figures in
+the format of Horovod's script (an "Iter #k" line per `--steps-per-iter` steady steps, the mean
+per device +- 1.96 standard deviations, and the total), so they compare with the numbers users
+know; a device's share is the total over the number of devices, as the batches differ. Then one
+JSON line with the per-rank rates. It is one rank of a job, so it runs unchanged under any
 launcher:
 
     horovodrun -np 8 -H node1:4,node2:4 python benchmarks/throughput.py --model resnet50

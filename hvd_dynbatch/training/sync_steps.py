@@ -2,11 +2,11 @@
 
 Each step trains this rank's slice of a planned split of the global batch, fed by the
 `DynamicBatching` loader (prefetched by `loader_workers` DataLoader processes), with the
-gradient weighted by b_i / B, a sleep after backward if heterogeneity is
-emulated (for the compute and the update before it), and the optimizer step where Horovod's allreduce completes. Under `--amp fp16` the
-loss is scaled before backward and the optimizer unscales after the allreduce.
-`DynamicBatching` owns the rest: timing, the exchange every `adjust_every` steps, the
-controller.
+gradient weighted by b_i / B, a sleep after backward if heterogeneity is emulated (for the
+compute and the update before it), and the optimizer step where Horovod's allreduce completes.
+Under `--amp fp16` the loss is scaled before backward and the optimizer unscales after the
+allreduce. `DynamicBatching` owns the rest: timing, the exchange every `adjust_every` steps,
+the controller.
 
 A peer of `abs_windows.ABSWindows`; `trainer.Trainer` drives either through the same calls.
 """
