@@ -320,6 +320,26 @@ class TestModelRule:
         assert c.state.moments[0, 0] == 1.0
         assert np.median(c.state.moments[0]) > 10
 
+    def test_two_workers_that_swap_speeds_leave_the_scatter_and_the_change_test_as_they_were(
+            self):
+        # ResNet-18-like lines on 2 ranks, 1,8 then 8,1: both readings miss by a factor of
+        # 8, in opposite directions. Folded into the scatter, those misses set it to 1.3 (log
+        # units) and a later change of speed by 3x went untaken for many adjustments.
+        fast, slow = (0.03, 1 / 0.0365), (0.24, 1 / (8 * 0.0365))
+        rng = np.random.default_rng(0)
+        c = BatchController(ControllerConfig(64, rule=Rule.MODEL))
+        split = np.array([32, 32])
+        for fixed, rates, adjustments in (((fast[0], slow[0]), (fast[1], slow[1]), 6),
+                                          ((slow[0], fast[0]), (slow[1], fast[1]), 4)):
+            for _ in range(adjustments):
+                times = self.times(split, fixed, rates) * np.exp(0.03 * rng.standard_normal(2))
+                split = c.update(split, times, [0.01, 0.01])
+        # Equal times at 8 (0.03 + 0.0365 b) = 0.03 + 0.0365 (64 - b): b = 6.5.
+        assert split[0] in (6, 7)
+        assert c.state.scatter < 0.1
+        c.update(split, self.times(split, (slow[0], fast[0]), (slow[1], fast[1] / 3)))
+        assert c.state.moments[0, 1] == 1.0 and c.state.moments[0, 0] > 3
+
     def test_a_change_every_worker_shares_is_not_scatter(self):
         fixed, rates = np.full(8, 0.1), np.linspace(100.0, 450.0, 8)
         c = BatchController(ControllerConfig(400, rule=Rule.MODEL))
