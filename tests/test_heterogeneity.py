@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hvd_dynbatch.backend.weighting import batch_weight
-from hvd_dynbatch.core.heterogeneity import Emulator, Slowdown, preset_factors
+from hvd_dynbatch.core.heterogeneity import WARMUP_STEPS, Emulator, Slowdown, preset_factors
 from hvd_dynbatch.training.batching import StepRecord
 from hvd_dynbatch.core.timing import StepTimer, median_error
 from hvd_dynbatch.errors import DynBatchError
@@ -35,6 +35,10 @@ def test_world_size_mismatch_is_named():
         Slowdown.parse("1,2").check_world(3)
 
 
+# Three steps after the job's first, whose computes the emulation does not take as typical.
+AFTER_WARMUP = range(WARMUP_STEPS, WARMUP_STEPS + 3)
+
+
 def _emulator(spec, rank):
     slept, slowdown = [], Slowdown.parse(spec)
     return Emulator(slowdown, rank, slowdown.world_size, memory=3, sleep=slept.append), slept
@@ -60,9 +64,9 @@ def test_the_typical_compute_comes_from_the_ranks_at_factor_one_once_exchanged()
     step is still 4 times the rank at factor 1's, not 4 times its own."""
     slow, slept = _emulator("0:1,4;10:4,1", 1)
     slow.after_compute(0, 10, 0.05)          # no exchange yet: 3 times its own 50 ms
-    slow.observe([StepRecord(step, 0, [10, 10], [0.04, 0.2], 1.0) for step in range(3)])
-    slow.after_compute(3, 10, 0.05)
-    slow.after_compute(4, 20, 0.1)           # the same per sample at another batch
+    slow.observe([StepRecord(step, 0, [10, 10], [0.04, 0.2], 1.0) for step in AFTER_WARMUP])
+    slow.after_compute(7, 10, 0.05)
+    slow.after_compute(8, 20, 0.1)           # the same per sample at another batch
     assert slept == [pytest.approx(0.15), pytest.approx(0.11), pytest.approx(0.22)]
     assert [0.05 + slept[1], 0.1 + slept[2]] == [pytest.approx(4 * 0.04), pytest.approx(4 * 0.08)]
 
@@ -73,26 +77,51 @@ def test_the_sleep_covers_the_update_too_at_its_cost_whatever_the_batch():
     at either batch: the update's share does not scale with the batch."""
     slow, slept = _emulator("1,4", 1)
     slow.observe([StepRecord(step, 0, [10, 10], [0.04, 0.2], 1.0, [0.01, 0.04])
-                  for step in range(3)])
-    slow.after_compute(3, 10, 0.05, 0.012)
-    slow.after_compute(4, 20, 0.1, 0.012)
+                  for step in AFTER_WARMUP])
+    slow.after_compute(7, 10, 0.05, 0.012)
+    slow.after_compute(8, 20, 0.1, 0.012)
     assert [0.05 + 0.012 + slept[0], 0.1 + 0.012 + slept[1]] == [
         pytest.approx(4 * (0.04 + 0.01)), pytest.approx(4 * (0.08 + 0.01))]
+
+
+def test_the_first_steps_of_a_job_are_not_typical():
+    """The unslowed rank computed its first steps at 6 ms a sample, warming up, and 4 ms
+    from the WARMUP_STEPS-th on: the slowed rank takes 4, and its own 5 ms until then."""
+    assert WARMUP_STEPS == 4
+    slow, slept = _emulator("1,4", 1)
+    slow.observe([StepRecord(step, 0, [10, 10], [0.06, 0.2], 1.0) for step in range(4)])
+    slow.after_compute(5, 10, 0.05)
+    slow.observe([StepRecord(step, 0, [10, 10], [0.04, 0.2], 1.0) for step in range(4, 6)])
+    slow.after_compute(6, 10, 0.05)
+    assert slept == [pytest.approx(3 * 0.05), pytest.approx(4 * 0.04 - 0.05)]
+
+
+def test_the_typical_compute_weighs_each_step_by_its_samples():
+    """After the slowdown moved, the unslowed rank ran a window at 5 samples, 58 ms a
+    sample, against 37 at 57 samples before: the steps at 57 outweigh the more numerous ones
+    at 5, so the slowed rank stays 8 times the 37 ms."""
+    slowdown, slept = Slowdown.parse("0:1,8;10:8,1"), []
+    slow = Emulator(slowdown, 0, 2, memory=9, sleep=slept.append)
+    slow.observe([StepRecord(step, 0, [57, 7], [57 * 0.037, 2.0], 1.0) for step in range(6, 10)]
+                 + [StepRecord(step, 0, [59, 5], [3.0, 5 * 0.058], 1.0)
+                    for step in range(10, 15)])
+    slow.after_compute(15, 27, 27 * 0.04)
+    assert 27 * 0.04 + slept[0] == pytest.approx(8 * 27 * 0.037)
 
 
 def test_an_update_not_timed_is_left_out_of_the_typical_and_the_own_update():
     """A step's update of 0 was not timed (a run's first step): the medians skip it."""
     slow, slept = _emulator("1,4", 1)
-    slow.observe([StepRecord(0, 0, [10, 10], [0.04, 0.2], 1.0, [0.0, 0.0]),
-                  StepRecord(1, 0, [10, 10], [0.04, 0.2], 1.0, [0.01, 0.04])])
-    slow.after_compute(2, 10, 0.05, 0.0)
-    slow.after_compute(3, 10, 0.05, 0.012)
+    slow.observe([StepRecord(WARMUP_STEPS, 0, [10, 10], [0.04, 0.2], 1.0, [0.0, 0.0]),
+                  StepRecord(WARMUP_STEPS + 1, 0, [10, 10], [0.04, 0.2], 1.0, [0.01, 0.04])])
+    slow.after_compute(6, 10, 0.05, 0.0)
+    slow.after_compute(7, 10, 0.05, 0.012)
     assert slept == [pytest.approx(4 * 0.05 - 0.05), pytest.approx(4 * 0.05 - 0.062)]
 
 
 def test_steps_with_every_rank_slowed_or_no_samples_leave_the_typical_compute_alone():
     slow, slept = _emulator("0:2,4;10:1,1", 1)
-    slow.observe([StepRecord(0, 0, [10, 10], [0.08, 0.2], 1.0),    # rank 0 at factor 2
+    slow.observe([StepRecord(WARMUP_STEPS, 0, [10, 10], [0.08, 0.2], 1.0),  # rank 0 at 2
                   StepRecord(10, 0, [0, 0], [0.0, 0.0], 1.0)])     # empty slices
     slow.after_compute(1, 10, 0.05)
     assert slept == [pytest.approx(0.15)]
@@ -119,11 +148,11 @@ def test_a_rank_alone_takes_its_typical_compute_from_its_first_steps_at_full_spe
 def test_a_rank_that_becomes_slowed_sizes_its_sleep_from_its_slowed_computes_only():
     """Its computes at factor 1, with no sleep between them, ran at the typical 4 ms a
     sample; its first slowed step's 5 ms is its own, so that step costs 4 times 4 ms."""
-    slow, slept = _emulator("0:1,1;3:1,4", 1)
-    slow.observe([StepRecord(step, 0, [10, 10], [0.04, 0.04], 1.0) for step in range(3)])
-    for step in range(3):
+    slow, slept = _emulator("0:1,1;7:1,4", 1)
+    slow.observe([StepRecord(step, 0, [10, 10], [0.04, 0.04], 1.0) for step in AFTER_WARMUP])
+    for step in AFTER_WARMUP:
         slow.after_compute(step, 10, 0.04)
-    slow.after_compute(3, 10, 0.05)
+    slow.after_compute(7, 10, 0.05)
     assert slept == [pytest.approx(4 * 0.04 - 0.05)]
 
 
@@ -133,10 +162,10 @@ def test_a_rank_left_alone_keeps_the_typical_compute_of_its_last_world():
     slowdown, slept = Slowdown.parse("4,1"), []
     before = Emulator(slowdown, 0, 2, memory=3)
     before.observe([StepRecord(step, 0, [10, 10], [0.2, 0.04], 1.0, [0.04, 0.01])
-                    for step in range(3)])
+                    for step in AFTER_WARMUP])
     alone = Emulator(slowdown, 0, 1, memory=3, sleep=slept.append, typical=before.typical)
-    alone.after_compute(3, 20, 0.1)
-    assert slept == [pytest.approx(4 * (0.08 + 0.01) - 0.1)] and not alone.calibrated(3)
+    alone.after_compute(7, 20, 0.1)
+    assert slept == [pytest.approx(4 * (0.08 + 0.01) - 0.1)] and not alone.calibrated(7)
 
 
 def test_ranks_of_a_job_follow_the_unslowed_ranks_without_calibrating():

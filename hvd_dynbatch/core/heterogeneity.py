@@ -31,6 +31,8 @@ from ..errors import DynBatchError
 
 # How many computes a rank alone runs at full speed to learn its typical compute (`Emulator`).
 CALIBRATION_STEPS = 12
+# The job's first steps, which a rank in a job does not take its typical costs from (`Emulator`).
+WARMUP_STEPS = 4
 
 
 @dataclass(frozen=True)
@@ -111,28 +113,43 @@ class Typical(NamedTuple):
 
     per_sample: tuple = ()   # seconds of compute (fetch, forward, backward) per sample
     update: tuple = ()       # seconds of the optimizer's update, whatever the batch
+    samples: tuple = ()      # the samples each per-sample compute was measured over
 
 
 def _median(values, default: float) -> float:
     return statistics.median(values) if values else default
 
 
+def _weighted_median(values, weights, default: float) -> float:
+    """The value below which half the total weight lies (the lower one at an exact half)."""
+    if not values:
+        return default
+    pairs = sorted(zip(values, weights))
+    half, cumulative = sum(weights) / 2, 0.0
+    for value, weight in pairs:
+        cumulative += weight
+        if cumulative >= half:
+            return value
+    return pairs[-1][0]
+
+
 class Emulator:
     """Sleeps after each compute of one rank as its slowdown factor says.
 
     A step should cost s times the typical cost of its batch on this machine: the median
-    per-sample compute (forward plus backward) of the last `memory` steps, times the batch,
-    plus the median optimizer update, which costs the same at any batch (the update before
-    the step, which delays its arrival at the allreduce as the compute does). Slowing only
-    the compute left the update at full speed: alone, a step whose update took u = 4-7% of
-    it measured f (1 - u) + u times, 7-10% under f at factor 4 and 8 (cnn at batch 16,
-    ResNet-18 at 32), and in a job the slowed rank's slow update, which real slow hardware
-    has, was missing. The sleep is that less this rank's own median compute of the batch
-    and its own median update, so a stall (another process, a page fault) lengthens its
-    step once, as it would on slower hardware, not s times as a sleep of (s - 1) times the
-    step's own compute made it: in a 2-rank job a 4x rank's compute at batch 30 then ranged
-    126-315 ms over 10 steps, and the "model" rule, which reads such jumps as changes of
-    speed, did not settle after the slowdown moved.
+    per-sample compute (forward plus backward) of the last `memory` steps, each step
+    weighing as many as the samples it computed, times the batch, plus the median optimizer
+    update, which costs the same at any batch (the update before the step, which delays its
+    arrival at the allreduce as the compute does). Slowing only the compute left the update
+    at full speed: alone, a step whose update took u = 4-7% of it measured f (1 - u) + u
+    times, 7-10% under f at factor 4 and 8 (cnn at batch 16, ResNet-18 at 32), and in a job
+    the slowed rank's slow update, which real slow hardware has, was missing. The sleep is
+    that less this rank's own median compute of the batch and its own median update, so a
+    stall (another process, a page fault) lengthens its step once, as it would on slower
+    hardware, not s times as a sleep of (s - 1) times the step's own compute made it: in a
+    2-rank job a 4x rank's compute at batch 30 then ranged 126-315 ms over 10 steps, and the
+    "model" rule, which reads such jumps as changes of speed, did not settle after the
+    slowdown moved.
 
     The typical costs are those of the job's ranks at factor 1, once an exchange has shown
     their steps (`observe`); until then, or if every rank is slowed, it is this rank's own,
@@ -142,7 +159,23 @@ class Emulator:
     excess s times, measuring 8.2-10.2x (now 8.0-8.3x). A per-sample compute seen at the
     unslowed ranks' batches is taken to hold at this rank's: for the benchmarked models it
     is flat within this machine's noise (ResNet-18 18.2-19.3 ms a sample at batches 8 to 56,
-    the CNN 237-419 us with no trend from 30 to 226).
+    the CNN 237-419 us with no trend from 30 to 226), but not at a few samples, where a
+    step's fixed costs show, and after the slowdown of a 2-rank job moves from one rank to
+    the other the newly unslowed rank runs a few samples for a window: at 5 (ResNet-18,
+    global batch 64, 1,8 to 8,1) its steps took 288 ms, 58 ms a sample, where at 57 they
+    took 2.08 s, 37 ms a sample. With its steps weighing one each, the slowed rank's next
+    window took 9.24 s at 27 samples, 1.16 times 8 x 37 ms a sample; the controller read
+    the moving speed as a fixed cost of 2.4 s, and in a replay of those readings it moved
+    the slowed rank to 1 sample. Weighed by their samples, a few steps at 5 samples are
+    outweighed by the window's others.
+
+    Nor are the typical costs taken from a job's first `WARMUP_STEPS` steps: a process's
+    first computes run slowly (below), and the slowed rank, which takes its typical costs
+    from the previous exchange, carried that into the next window, where the unslowed rank
+    had sped up. In a 2-rank job (cnn, synthetic data, 1,4, global batch 256) the unslowed
+    rank computed steps 1-4 at 0.79 ms a sample and steps 6-9 at 0.65-0.72, the split 205/51
+    the controller chose from the even split's window measured an imbalance of 1.22 (the
+    slowed rank the slower) where the times are equal, and it moved the split to 213/43.
 
     A rank alone (a 1-rank job, as standalone rates are measured) has no other rank to
     follow, and its own compute once it sleeps is not its compute at full speed: here a step
@@ -175,6 +208,7 @@ class Emulator:
         self._own = collections.deque(maxlen=memory)
         self._own_update = collections.deque(maxlen=memory)
         self._unslowed = collections.deque(typical.per_sample, maxlen=memory)
+        self._unslowed_samples = collections.deque(typical.samples, maxlen=memory)
         self._unslowed_update = collections.deque(typical.update, maxlen=memory)
         self._calibration = calibration if world_size == 1 and not self._unslowed else 0
         self._calibrated = set()
@@ -184,27 +218,32 @@ class Emulator:
     def typical(self) -> Typical:
         """The recent unslowed costs whose medians are the typical ones, for the emulator of
         this rank in the next world (`typical=`)."""
-        return Typical(tuple(self._unslowed), tuple(self._unslowed_update))
+        return Typical(tuple(self._unslowed), tuple(self._unslowed_update),
+                       tuple(self._unslowed_samples))
 
     def calibrated(self, step: int) -> bool:
         """Whether `step` ran at full speed to calibrate a rank alone (see the class)."""
         return step in self._calibrated
 
     def observe(self, records) -> None:
-        """Take the exchanged steps (`StepRecord`s, the same on every rank): the per-sample
-        compute and the update of their ranks at factor 1 become the typical ones (an
-        update of 0 was not timed)."""
+        """Take the exchanged steps (`StepRecord`s, the same on every rank): the compute per
+        sample and the update of their ranks at factor 1 become the typical ones (an update
+        of 0 was not timed), from the job's `WARMUP_STEPS`-th step on."""
         if self.slowdown is None:
             return
         for record in records:
-            unslowed = [(seconds / batch, update) for rank, (batch, seconds, update) in
+            if record.step < WARMUP_STEPS:
+                continue
+            unslowed = [(batch, seconds, update) for rank, (batch, seconds, update) in
                         enumerate(zip(record.batch_sizes, record.compute_times,
                                       record.update_times or [0.0] * len(record.batch_sizes)))
                         if batch > 0 and seconds > 0
                         and self.slowdown.factor(record.step, rank) == 1]
             if unslowed:
-                self._unslowed.append(statistics.median(c for c, _ in unslowed))
-                updates = [u for _, u in unslowed if u > 0]
+                samples = sum(batch for batch, _, _ in unslowed)
+                self._unslowed.append(sum(seconds for _, seconds, _ in unslowed) / samples)
+                self._unslowed_samples.append(samples)
+                updates = [update for _, _, update in unslowed if update > 0]
                 if updates:
                     self._unslowed_update.append(statistics.median(updates))
 
@@ -220,6 +259,7 @@ class Emulator:
             self._calibration -= 1
             self._calibrated.add(step)
             self._unslowed.append(compute_seconds / batch)
+            self._unslowed_samples.append(batch)
             if update_seconds > 0:
                 self._unslowed_update.append(update_seconds)
             return
@@ -231,6 +271,6 @@ class Emulator:
                 self._own_update.append(update_seconds)
             own = statistics.median(self._own)
             own_update = _median(self._own_update, 0.0)
-            typical = _median(self._unslowed, own) * batch + \
-                _median(self._unslowed_update, own_update)
+            typical = _weighted_median(self._unslowed, self._unslowed_samples, own) * batch \
+                + _median(self._unslowed_update, own_update)
             self._sleep(max(0.0, factor * typical - own * batch - own_update))
