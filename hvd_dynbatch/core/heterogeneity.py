@@ -169,11 +169,11 @@ class Emulator:
     the slowed rank to 1 sample. Weighed by their samples, a few steps at 5 samples are
     outweighed by the window's others.
 
-    Nor are the typical costs taken from a job's first `WARMUP_STEPS` steps: a process's
+    Nor are the typical costs taken from the job's steps before `WARMUP_STEPS`: a process's
     first computes run slowly (below), and the slowed rank, which takes its typical costs
     from the previous exchange, carried that into the next window, where the unslowed rank
     had sped up. In a 2-rank job (cnn, synthetic data, 1,4, global batch 256) the unslowed
-    rank computed steps 1-4 at 0.79 ms a sample and steps 6-9 at 0.65-0.72, the split 205/51
+    rank computed steps 1-4 at 0.79 ms a sample and steps 6-9 at 0.64-0.72, the split 205/51
     the controller chose from the even split's window measured an imbalance of 1.22 (the
     slowed rank the slower) where the times are equal, and it moved the split to 213/43.
 
@@ -228,7 +228,7 @@ class Emulator:
     def observe(self, records) -> None:
         """Take the exchanged steps (`StepRecord`s, the same on every rank): the compute per
         sample and the update of their ranks at factor 1 become the typical ones (an update
-        of 0 was not timed), from the job's `WARMUP_STEPS`-th step on."""
+        of 0 was not timed), from step `WARMUP_STEPS` on (steps count from 0)."""
         if self.slowdown is None:
             return
         for record in records:
