@@ -16,6 +16,7 @@ import torch
 
 from hvd_dynbatch.backend.backends import LocalBackend
 from hvd_dynbatch.backend.comm import Communicator
+from hvd_dynbatch.core.heterogeneity import WARMUP_STEPS
 from hvd_dynbatch.core.sampler import VariableBatchSampler
 from hvd_dynbatch.tools.launch import Launcher, kill_tree, start_local, wait_local
 from hvd_dynbatch.training.batching import StepRecord
@@ -299,12 +300,12 @@ def test_a_slowed_rank_that_a_shrink_leaves_alone_does_not_calibrate_again():
     trainer = Trainer(dataclasses.replace(ELASTIC, slowdown="4,1"), WorldBackend(0, 2))
     trainer.join_world(World(0, 2))
     trainer.emulator.observe([StepRecord(step, 0, [32, 32], [0.05, 0.0128], 1.0)
-                              for step in range(3)])
+                              for step in range(WARMUP_STEPS, WARMUP_STEPS + 3)])
     trainer.join_world(World(0, 1), committed=trainer.state_dict())
     started = time.perf_counter()
-    trainer.emulator.after_compute(0, 64, 0.03)
+    trainer.emulator.after_compute(WARMUP_STEPS + 3, 64, 0.03)
     assert time.perf_counter() - started >= 4 * 0.0256 - 0.03 - 0.001
-    assert not trainer.emulator.calibrated(0)
+    assert not trainer.emulator.calibrated(WARMUP_STEPS + 3)
 
 
 def lines_in(directory: Path) -> dict:
