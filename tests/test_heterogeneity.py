@@ -53,10 +53,26 @@ def test_emulation_sleeps_until_the_compute_costs_the_factor_times_the_typical_o
 
 
 def test_a_stall_lengthens_its_step_once_not_factor_times():
+    """Before any exchange the sleep is 3 times this rank's fastest recent compute: the
+    stall's step is 0.45 s longer, the next one back to 4 times 50 ms and its own excess."""
     slow, slept = _emulator("1,4", 1)
-    for seconds in (0.05, 0.05, 0.5, 0.06):  # a stall among them; only the last 3 are kept
+    computes = (0.05, 0.05, 0.5, 0.06)       # a stall among them
+    for seconds in computes:
         slow.after_compute(0, 10, seconds)
-    assert slept == [pytest.approx(3 * s) for s in (0.05, 0.05, 0.05, 0.06)]
+    assert [c + s for c, s in zip(computes, slept)] == [
+        pytest.approx(t) for t in (0.2, 0.2, 0.65, 0.21)]
+
+
+def test_before_any_exchange_a_slowed_rank_follows_its_warm_up_down():
+    """Its computes fall from 70 to 47 ms as the process warms up: each step sleeps 3 times
+    the fastest so far, not 3 times a median that still holds the first, slow ones (which
+    made these steps 0.28, 0.25, 0.22 and 0.19 s)."""
+    slow, slept = _emulator("1,4", 1)
+    computes = (0.07, 0.059, 0.047, 0.048)
+    for step, seconds in enumerate(computes):
+        slow.after_compute(step, 10, seconds)
+    assert [c + s for c, s in zip(computes, slept)] == [
+        pytest.approx(t) for t in (0.28, 0.236, 0.188, 0.189)]
 
 
 def test_the_typical_compute_comes_from_the_ranks_at_factor_one_once_exchanged():
