@@ -12,14 +12,19 @@ phase's second half), to show whether the rules hold the same split, and after h
 adjustments its batch holds within 2% of B of it: the rule's own settling, which the imbalance
 of a 5-step window, noisy on a shared machine, can hide. The same schedule runs in the cluster
 model (`hvd_dynbatch.core.simulator`) with matching rates and noise, as a noise-controlled
-reference.
+reference, and a second table runs it over many seeds with drift: each worker's speed also
+takes a lognormal factor drawn afresh each window, as this machine's windows move by 10-20%
+where the steps within one move by 2-5%. It reports the share of seeds settled (noise-free
+max/min <= 1.10 at the split) within 3 adjustments from even and after the change, the mean
+noise-free efficiency from the fourth window on, and the seeds in which a worker's batch fell
+to 3 samples or fewer, which no balanced split of these schedules comes near.
 
 With `--repeats N` every real-rank row lists its N runs' figures in order. Each repeat runs the
 rules between two standalone measurements (a repeat's last is the next one's first), in the
 reverse order from one repeat to the next, so that no rule always runs first.
 
     python benchmarks/settling.py [--models cnn resnet18] [--schedules "0:1,4;75:4,1"]
-        [--steps 150] [--repeats 1]
+        [--steps 150] [--repeats 1] [--drift 0.15] [--seeds 100]
 """
 from __future__ import annotations
 
@@ -39,6 +44,8 @@ from hvd_dynbatch.training.metrics import busy_times, steady_throughput, step_re
 SETTLED = 1.10
 # A split holds once rank 0's batch stays within this share of B of its steady value.
 HOLDS = 0.02
+# The drift table: settled within this many adjustments; a batch this small is a fall.
+WITHIN, FALLEN = 3, 3
 
 
 def windows(records: list, adjust_every: int) -> list:
@@ -87,6 +94,32 @@ def settle_figures(splits: list, imbalances: list, change_at: int, global_batch:
             "/".join("-" if k is None else str(k) for k in holds)]
 
 
+def cluster_history(slowdown: Slowdown, change_at: int, args, rule: Rule, seed: int,
+                    drift: float = 0.0) -> list:
+    """`run_adjustments` of `rule` on 2 workers of the cluster model that follow `slowdown`
+    (1000 samples/s over each factor), 2 ms of fixed cost and 5% noise per step."""
+    cluster = ClusterModel(
+        1000.0 / np.asarray(slowdown.factors[0]), overhead=0.002, noise=0.05, seed=seed,
+        steps=args.adjust_every, drift=drift,
+        rate_changes={change_at: 1000.0 / np.asarray(slowdown.factors[1])})
+    return run_adjustments(BatchController(ControllerConfig(args.global_batch, rule=rule)),
+                           cluster, args.steps // args.adjust_every)
+
+
+def drift_row(slowdown: Slowdown, change_at: int, args, rule: Rule) -> list:
+    """The drift table's figures of one rule over `args.seeds` seeds (see the module)."""
+    within, after, efficiency, fallen = [], [], [], 0
+    for seed in range(args.seeds):
+        history = cluster_history(slowdown, change_at, args, rule, seed, args.drift)
+        imbalances = [h["imbalance"] for h in history]
+        within.append(any(x <= SETTLED for x in imbalances[:WITHIN + 1]))
+        after.append(any(x <= SETTLED for x in imbalances[change_at:change_at + WITHIN + 1]))
+        efficiency.append(statistics.mean(h["noise_free_efficiency"] for h in history[3:]))
+        fallen += any(min(h["split"]) <= FALLEN for h in history)
+    return [f"{statistics.mean(within):.0%}", f"{statistics.mean(after):.0%}",
+            f"{statistics.mean(efficiency):.1%}", fallen]
+
+
 def standalone_limit(factors: list, batch: int, options: list) -> float:
     """The sum of the workers' standalone rates at `batch` (samples/s), measured now."""
     rates = standalone_rates(factors, batch, options)
@@ -108,11 +141,13 @@ def main():
     parser.add_argument("--rules", nargs="+", default=[r.value for r in Rule],
                         choices=[r.value for r in Rule])
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--drift", type=float, default=0.15)
+    parser.add_argument("--seeds", type=int, default=100)
     args = parser.parse_args()
-    if args.repeats < 1:
-        parser.error("--repeats must be at least 1")
+    if args.repeats < 1 or args.seeds < 1 or args.drift < 0:
+        parser.error("--repeats and --seeds must be at least 1, --drift not negative")
     rules = [Rule(r) for r in args.rules]
-    rows = []
+    rows, drift_rows = [], []
     for schedule in args.schedules:
         slowdown = Slowdown.parse(schedule)
         change_at = slowdown.starts[1] // args.adjust_every
@@ -144,15 +179,12 @@ def main():
             rows += [[schedule, f"{model} (real ranks)", rule.value, *joined(runs[rule])]
                      for rule in rules]
         for rule in rules:
-            cluster = ClusterModel(
-                1000.0 / np.asarray(slowdown.factors[0]), overhead=0.002, noise=0.05, seed=1,
-                rate_changes={change_at: 1000.0 / np.asarray(slowdown.factors[1])})
-            history = run_adjustments(
-                BatchController(ControllerConfig(args.global_batch, rule=rule)), cluster,
-                args.steps // args.adjust_every)
+            history = cluster_history(slowdown, change_at, args, rule, seed=1)
             rows.append([schedule, "cluster model, 5% noise", rule.value, *settle_figures(
                 [h["split"] for h in history], [h["imbalance"] for h in history], change_at,
                 args.global_batch), None, None])
+            drift_rows.append([schedule, rule.value, *drift_row(slowdown, change_at, args,
+                                                                  rule)])
     print_report(
         f"Controller settling: 2 ranks on synthetic data, global batch {args.global_batch}, "
         f"{args.steps} steps, adjustment every {args.adjust_every} steps, from an even split; "
@@ -171,6 +203,16 @@ def main():
          "moved per adjustment when settled", "median imbalance",
          "rank 0's steady batch, before / after", "holds from, before / after",
          "standalone drift", "efficiency"], rows)
+    print()
+    print_report(
+        f"The same schedules in the cluster model (2 workers, 1000 samples/s over each factor, "
+        f"2 ms fixed cost, 5% noise per step) with drift {args.drift}: each worker's speed "
+        f"also takes a factor exp({args.drift} N(0, 1)) drawn afresh each window, {args.seeds} "
+        f"seeds. Settled: noise-free max/min <= {SETTLED} at the split within {WITHIN} "
+        f"adjustments; efficiency: the mean noise-free efficiency from the fourth window on; "
+        f"fell: the seeds in which a worker's batch fell to {FALLEN} samples or fewer.",
+        ["schedule", "rule", f"settled within {WITHIN} from even",
+         f"within {WITHIN} after the change", "efficiency", "fell"], drift_rows)
 
 
 if __name__ == "__main__":
