@@ -111,9 +111,10 @@ def drift_row(slowdown: Slowdown, change_at: int, args, rule: Rule) -> list:
     within, after, efficiency, fallen = [], [], [], 0
     for seed in range(args.seeds):
         history = cluster_history(slowdown, change_at, args, rule, seed, args.drift)
-        imbalances = [h["imbalance"] for h in history]
-        within.append(any(x <= SETTLED for x in imbalances[:WITHIN + 1]))
-        after.append(any(x <= SETTLED for x in imbalances[change_at:change_at + WITHIN + 1]))
+        settle = settle_figures([h["split"] for h in history],
+                                [h["imbalance"] for h in history], change_at, args.global_batch)
+        within.append(settle[0] is not None and settle[0] <= WITHIN)
+        after.append(settle[1] is not None and settle[1] <= WITHIN)
         efficiency.append(statistics.mean(h["noise_free_efficiency"] for h in history[3:]))
         fallen += any(min(h["split"]) <= FALLEN for h in history)
     return [f"{statistics.mean(within):.0%}", f"{statistics.mean(after):.0%}",
