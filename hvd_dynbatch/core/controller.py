@@ -89,6 +89,20 @@ ideal. "model" fits each worker's line and jumps to where the lines meet:
 * the split is the one that makes the predicted times equal: T with
   sum_i clip((T - a_i) / c_i, min_batch, max_batch) = B, solved by water-filling (a worker
   pinned at a bound takes no further share) and rounded by largest remainder, B exact;
+* no worker's target is below half its batch in the proportional split of the window's
+  readings ("p"'s split). With two workers nothing pulls a wild fit back (the prior is the
+  two fits' own centre and spread), and the readings' errors do not see drift: after a swap
+  of slowdowns a worker read 6.7 ms a sample at 235 samples and 10.1 ms at 107, the line
+  through the two claimed a fixed cost of 0.60 s, longer than the other worker's whole step,
+  and the split sent it to 1 sample where about 40 was balanced. In the cluster model (2
+  workers, slowdown 4 or 8 swapped mid-run, 5% noise, a speed drift of 0.15 a window, 100
+  seeds) a worker fell to 3 samples or fewer in 3-21 seeds with fixed costs of 2 ms and
+  0.1 s, in none with the floor, and settling did not suffer (within 3 adjustments from
+  even in 48-68% of seeds before, 51-68% with it; after the swap 35-60% and 41-59%); with
+  fixed costs that grow with the slowdown (20 ms times it) falls went from 10 and 57 seeds
+  to 0 and 7, settling after the swap at slowdown 8 from 17% to 46%. No figure of
+  `benchmarks/fixed_costs.py`'s settling tables moved: a balanced batch below half the
+  proportional one needs a fixed share far above the other workers';
 * nothing moves while the predicted imbalance at the current split is below `deadband`, and
   one adjustment moves a worker by at most `max_change * B` samples.
 
@@ -116,6 +130,10 @@ class Rule(str, enum.Enum):
 # "model": a reading further from its line than this many times the misses' spread (and
 # than change_threshold) is a real change of speed.
 _CHANGE_SIGMAS = 3.0
+
+# "model": no worker's target falls below this share of its batch in the proportional split
+# of the window's readings (see the module docstring).
+_PROPORTIONAL_FLOOR = 0.5
 
 # The train command's names for the settings it exposes, so that errors name what to change.
 _OPTION_NAMES = {"gain": "--controller-gain", "integral_gain": "--integral-gain"}
@@ -245,16 +263,17 @@ def apportion(weights: Sequence[float], total: int, lower: int = 0,
     return base
 
 
-def _water_fill(w: np.ndarray, total: float, lower: float, upper: float,
+def _water_fill(w: np.ndarray, total: float, lower, upper,
                 offset: Optional[np.ndarray] = None) -> np.ndarray:
     """Real shares x w_i - offset_i (proportional to w without an offset), x the same for
-    all, summing to total, each within [lower, upper].
+    all, summing to total, each within [lower, upper] (numbers, or one bound per share).
 
     Each round pins the side that violates its bound more (all shares above `upper`, or all
     below `lower`) and shares what is left over the rest; pinning both sides at once would
     hand out too little or too much.
     """
     offset = np.zeros_like(w) if offset is None else offset
+    lower, upper = np.broadcast_to(lower, w.shape), np.broadcast_to(upper, w.shape)
     share = np.empty_like(w)
     free = np.ones(w.size, dtype=bool)
     left = total
@@ -263,11 +282,11 @@ def _water_fill(w: np.ndarray, total: float, lower: float, upper: float,
         share[free] = ((left + offset[free].sum()) * w[free] / weight - offset[free]
                        if weight > 0 else left / free.sum())
         over, under = free & (share > upper), free & (share < lower)
-        excess, deficit = (share[over] - upper).sum(), (lower - share[under]).sum()
+        excess, deficit = (share[over] - upper[over]).sum(), (lower[under] - share[under]).sum()
         if excess <= 1e-12 and deficit <= 1e-12:
             break
         pin, bound = (over, upper) if excess >= deficit else (under, lower)
-        share[pin] = bound
+        share[pin] = bound[pin]
         free &= ~pin
         left = total - share[~free].sum()
     return share
@@ -442,7 +461,11 @@ class BatchController:
         predicted = fixed + slope * b
         if predicted.max() / predicted.min() - 1 < cfg.deadband:
             return st.allocation
-        target = _water_fill(1 / slope, total, *cfg.bounds, fixed / slope)
+        lowest, highest = cfg.bounds
+        floor = np.minimum(np.maximum(_PROPORTIONAL_FLOOR * total * (b / t) / (b / t).sum(),
+                                      lowest), highest)
+        target = _water_fill(1 / slope, total, floor if floor.sum() <= total else lowest,
+                             highest, fixed / slope)
         st.allocation = self._moved(b, target - b)
         return st.allocation
 
