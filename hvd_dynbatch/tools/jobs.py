@@ -51,7 +51,7 @@ def measuring_run(steps: int) -> list:
 
 
 def standalone_records(factors: Sequence[str], batch: int, options: Sequence[str],
-                       phase_steps: int = 10, rounds: int = 3, timeout: float = 600) -> dict:
+                       phase_steps: int = 10, rounds: int = 3, timeout: float = 3600) -> dict:
     """Each worker alone: for each distinct slowdown factor, the step records of one 1-rank
     job of `options` at batch `batch` that ran at that emulated factor.
 
@@ -62,7 +62,10 @@ def standalone_records(factors: Sequence[str], batch: int, options: Sequence[str
     sleep from the computes that followed sleeps. One job rather than one per factor:
     this machine's speed moved by up to 70% between jobs a minute apart, and two 1-rank jobs
     at factor 1 measured 6-12% apart, so each factor's rate is taken from phases interleaved
-    with the others' in one process. `timeout` (seconds) bounds the job."""
+    with the others' in one process. `timeout` (seconds) bounds the job; an hour, as the
+    benchmarks give their jobs: at 600 s, ResNet-18's measurement at factors 1 and 8 (batch
+    32, 2.5 s a step at factor 1 on this machine on 2026-12-02) ran out of time and ended
+    `benchmarks/settling.py` with its first schedule's runs done and not reported."""
     if phase_steps < 3 or rounds < 1:
         raise DynBatchError(f"a standalone measurement needs phases of at least 3 steps and "
                             f"1 round, got {phase_steps} and {rounds}")
