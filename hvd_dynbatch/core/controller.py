@@ -98,9 +98,10 @@ ideal. "model" fits each worker's line and jumps to where the lines meet:
   workers, slowdown 4 or 8 swapped mid-run, 5% noise, a speed drift of 0.15 a window, 100
   seeds) a worker fell to 3 samples or fewer in 3-21 seeds with fixed costs of 2 ms and
   0.1 s, in none with the floor, and settling did not suffer (within 3 adjustments from
-  even in 48-68% of seeds before, 51-68% with it; after the swap 35-60% and 41-59%); with
-  fixed costs that grow with the slowdown (20 ms times it) falls went from 10 and 57 seeds
-  to 0 and 7, settling after the swap at slowdown 8 from 17% to 46%. No figure of
+  even in 48-68% of seeds before, 51-68% with it; after the swap 35-60% and 41-59%). With
+  fixed costs that grow with the slowdown (20 ms times it), as the emulator's do, falls went
+  from 10 and 57 seeds to 0 and 7 with drift and from 7 to 0 without it at slowdown 8, and
+  settling after the swap at slowdown 8 from 17% to 46% with drift. No figure of
   `benchmarks/fixed_costs.py`'s settling tables moved: a balanced batch below half the
   proportional one needs a fixed share far above the other workers';
 * nothing moves while the predicted imbalance at the current split is below `deadband`, and
