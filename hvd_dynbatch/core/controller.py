@@ -400,11 +400,13 @@ class BatchController:
             return b.astype(np.int64)
         cfg.check_world(b.size)
         rates = b / t
+        proportional = cfg.global_batch * rates / rates.sum()
         if cfg.rule is Rule.P:
             self.state.adjustments += 1
-            return self._round(cfg.global_batch * rates / rates.sum())
+            return self._round(proportional)
         if cfg.rule is Rule.MODEL:
-            return self._round(self._model_step(b, t, np.where(np.isfinite(e) & (e > 0), e, 0.0)))
+            return self._round(self._model_step(b, t, np.where(np.isfinite(e) & (e > 0), e, 0.0),
+                                                proportional))
         return self._round(self._pid_step(b, t, rates))
 
     def _pid_step(self, b: np.ndarray, t: np.ndarray, rates: np.ndarray) -> np.ndarray:
@@ -434,7 +436,10 @@ class BatchController:
         st.allocation = self._moved(st.allocation, move)
         return st.allocation
 
-    def _model_step(self, b: np.ndarray, t: np.ndarray, e: np.ndarray) -> np.ndarray:
+    def _model_step(self, b: np.ndarray, t: np.ndarray, e: np.ndarray,
+                    proportional: np.ndarray) -> np.ndarray:
+        """One "model" adjustment from readings `b`, `t` with errors `e`; `proportional` is
+        "p"'s split of the same readings, which floors the target (see the module)."""
         cfg, st = self.config, self.state
         n, total = b.size, float(cfg.global_batch)
         if st.moments is None or len(st.moments) != 7 or not self._continues(b):
@@ -463,8 +468,7 @@ class BatchController:
         if predicted.max() / predicted.min() - 1 < cfg.deadband:
             return st.allocation
         lowest, highest = cfg.bounds
-        floor = np.minimum(np.maximum(_PROPORTIONAL_FLOOR * total * (b / t) / (b / t).sum(),
-                                      lowest), highest)
+        floor = np.minimum(np.maximum(_PROPORTIONAL_FLOOR * proportional, lowest), highest)
         target = _water_fill(1 / slope, total, floor if floor.sum() <= total else lowest,
                              highest, fixed / slope)
         st.allocation = self._moved(b, target - b)
