@@ -105,9 +105,9 @@ ideal. "model" fits each worker's line and jumps to where the lines meet:
   still let a worker fall below half its balanced batch in 9-28 seeds of 100 with 2 ms of
   fixed cost (global batch 64 and 256), 0.6 in 7-15 and 0.67 in 4-10; settling and
   efficiency moved by 3 points or less from half to 0.6 (but settling from even at
-  slowdown 8 with growing fixed costs and drift: 52% to 65%), and 0.67 took settling after the
-  swap at slowdown 8 with growing fixed costs from 77% to 72% of seeds without drift and
-  from 46% to 35% with it. No figure of `benchmarks/fixed_costs.py`'s settling tables
+  slowdown 8 with growing fixed costs and drift: 52% to 65%), and 0.67 took settling after
+  the swap at slowdown 8 with growing fixed costs from 77% to 72% of seeds without drift
+  and from 46% to 35% with it. No figure of `benchmarks/fixed_costs.py`'s settling tables
   moved with either: a balanced batch that far below the proportional one needs a fixed
   share far above the other workers';
 * nothing moves while the predicted imbalance at the current split is below `deadband`, and
