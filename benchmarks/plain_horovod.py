@@ -2,7 +2,9 @@
 
 Run under a launcher (horovodrun -np 2 ... python benchmarks/plain_horovod.py ...). Each rank
 takes an equal slice of the same shuffled order, `hvd.DistributedOptimizer` averages the
-gradients, and nothing is timed per rank or exchanged. Rank 0 prints one JSON line with the
+gradients, and nothing is timed per rank or exchanged; glibc keeps freed memory, as on the
+train command's CPU ranks (`backend.host_memory`), so the two loops differ only in what they
+do. Rank 0 prints one JSON line with the
 median step time and the throughput derived from it (to `--output`, if given, instead of
 stdout: a launcher can break a rank's output lines).
 """
@@ -18,6 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from hvd_dynbatch.backend.host_memory import keep_freed_memory
 from hvd_dynbatch.data.datasets import load_dataset
 from hvd_dynbatch.training.models import build_model
 
@@ -36,6 +39,7 @@ def main():
 
     hvd.init()
     torch.set_num_threads(1)
+    keep_freed_memory()
     data = load_dataset(args.dataset, seed=0)
     torch.manual_seed(0)
     model = build_model(args.model, data.input_shape, data.num_classes)

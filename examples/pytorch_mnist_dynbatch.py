@@ -85,6 +85,7 @@ def main():
     hvd.init()
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
+    dyn.keep_freed_memory()  # dynbatch
 
     train_dataset, test_dataset = Digits(train=True), Digits(train=False)
     # Horovod: each worker trains on its own share of the data.

@@ -5,7 +5,9 @@ exchange and the controller) and the weighted `DistributedOptimizer`; see
 `examples/pytorch_mnist_dynbatch.py`. The pure pieces (controller, sampler, timer, slowdown,
 the cluster simulator) import only numpy and the standard library. The pieces bound to torch
 or Horovod (`DynamicBatching`, `DistributedOptimizer`, `for_horovod`, `train`) are imported
-when first used, so importing this package starts nothing.
+when first used, so importing this package starts nothing. A script that trains on the CPU
+should call `keep_freed_memory()` first: glibc otherwise hands a step's large tensors back to
+the kernel, and the next step pays for fresh pages (`backend.host_memory`).
 """
 from .core.controller import BatchController, ControllerConfig, Rule, apportion
 from .core.heterogeneity import Slowdown, preset_factors
@@ -23,6 +25,7 @@ _LAZY = {
     "DistributedOptimizer": "backend.weighting",
     "batch_weight": "backend.weighting",
     "for_horovod": "backend.comm",
+    "keep_freed_memory": "backend.host_memory",
     "Communicator": "backend.comm",
     "LocalCommunicator": "backend.comm",
     "TrainConfig": "training.config",

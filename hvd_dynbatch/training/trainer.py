@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from ..backend.backends import Backend, HorovodBackend
 from ..backend.device import parameters_device, resolve_device, to_device
+from ..backend.host_memory import keep_freed_memory
 from ..backend.comm import Communicator
 from ..core.controller import BatchController
 from ..core.heterogeneity import Emulator, Slowdown
@@ -199,6 +200,8 @@ class Trainer:
                                  config.skip_bad_samples)
         torch.manual_seed(config.seed)
         self.device = resolve_device(config.device, backend.local_rank())
+        if self.device.type == "cpu":
+            keep_freed_memory()
         self.model = build_model(config.model, self.data.input_shape,
                                  self.data.num_classes).to(self.device)
         if config.cudnn_benchmark and self.device.type == "cuda":
