@@ -4,9 +4,8 @@ Run under a launcher (horovodrun -np 2 ... python benchmarks/plain_horovod.py ..
 takes an equal slice of the same shuffled order, `hvd.DistributedOptimizer` averages the
 gradients, and nothing is timed per rank or exchanged; glibc keeps freed memory, as on the
 train command's CPU ranks (`backend.host_memory`), so the two loops differ only in what they
-do. Rank 0 prints one JSON line with the
-median step time and the throughput derived from it (to `--output`, if given, instead of
-stdout: a launcher can break a rank's output lines).
+do. Rank 0 prints one JSON line with the median step time and the throughput derived from it
+(to `--output`, if given, instead of stdout: a launcher can break a rank's output lines).
 """
 from __future__ import annotations
 
