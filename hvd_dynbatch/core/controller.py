@@ -252,11 +252,11 @@ def apportion(weights: Sequence[float], total: int, lower: int = 0,
     if n == 0 or total < n * lower or total > n * hi:
         raise DynBatchError(f"cannot split {total} samples over {n} workers within "
                             f"[{lower}, {upper}] per worker")
-    if not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
+    if not (np.isfinite(w).all() and w.min() >= 0 and w.sum() > 0):
         w = np.ones(n)
     share = _water_fill(w, float(total), float(lower), hi)
     base = np.floor(share + 1e-9).astype(np.int64)
-    base = np.clip(base, lower, None if upper is None else upper)
+    base = np.maximum(base, lower) if upper is None else np.clip(base, lower, upper)
     short = int(total - base.sum())
     room = base < hi
     if short > 0:
@@ -280,22 +280,25 @@ def _water_fill(w: np.ndarray, total: float, lower, upper,
     hand out too little or too much.
     """
     offset = np.zeros_like(w) if offset is None else offset
-    lower, upper = np.broadcast_to(lower, w.shape), np.broadcast_to(upper, w.shape)
     share = np.empty_like(w)
-    free = np.ones(w.size, dtype=bool)
+    pinned = np.zeros(w.size, dtype=bool)
+    free = slice(None)  # a view, not a copy, while nothing is pinned: the usual case
     left = total
-    while free.any():
+    while True:
         weight = w[free].sum()
         share[free] = ((left + offset[free].sum()) * w[free] / weight - offset[free]
-                       if weight > 0 else left / free.sum())
-        over, under = free & (share > upper), free & (share < lower)
-        excess, deficit = (share[over] - upper[over]).sum(), (lower[under] - share[under]).sum()
+                       if weight > 0 else left / w[free].size)
+        over, under = ~pinned & (share > upper), ~pinned & (share < lower)
+        excess, deficit = (share - upper)[over].sum(), (lower - share)[under].sum()
         if excess <= 1e-12 and deficit <= 1e-12:
             break
         pin, bound = (over, upper) if excess >= deficit else (under, lower)
-        share[pin] = bound[pin]
-        free &= ~pin
-        left = total - share[~free].sum()
+        np.copyto(share, bound, where=pin)
+        pinned |= pin
+        if pinned.all():
+            break
+        free = ~pinned
+        left = total - share[pinned].sum()
     return share
 
 
@@ -320,11 +323,12 @@ def _shrunk(fixed: np.ndarray, variance: np.ndarray, pool: np.ndarray) -> np.nda
     module docstring), `variance` being each fit's own; the fits as they are when fewer than
     two are pooled or none has a variance."""
     pool = pool & np.isfinite(variance)
-    if pool.sum() < 2 or not np.any(variance[pool] > 0):
+    pooled, pooled_variance = fixed[pool], variance[pool]
+    if pooled.size < 2 or not pooled_variance.max() > 0:
         return fixed
-    centre = _median(fixed[pool])
-    spread = _robust_sigma(fixed[pool], centre)
-    prior = max(spread * spread - _median(variance[pool]), 0.0)
+    centre = _median(pooled)
+    spread = _robust_sigma(pooled, centre)
+    prior = max(spread * spread - _median(pooled_variance), 0.0)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(variance > 0, (fixed * prior + centre * variance) / (prior + variance),
                         fixed)
@@ -376,8 +380,8 @@ class BatchController:
 
     config: ControllerConfig
     state: ControllerState = field(default_factory=ControllerState)
-    # "model": the lines fitted from the moments array they came from (the next update
-    # checks its readings against them before adding its own).
+    # "model": the lines fitted from the moments array and adjustment they came from (the
+    # next update checks its readings against them before adding its own).
     _fitted: Optional[tuple] = field(default=None, init=False, repr=False, compare=False)
 
     def initial_split(self, world_size: int) -> np.ndarray:
@@ -402,9 +406,9 @@ class BatchController:
         e = np.zeros_like(t) if errors is None else np.asarray(errors, dtype=np.float64)
         if b.shape != t.shape or b.shape != e.shape or b.ndim != 1:
             raise DynBatchError(f"got {b.size} batch sizes, {t.size} times and {e.size} errors")
-        if not np.all(np.isfinite(t)) or np.any(t <= 0) or np.any(b <= 0):
-            return b.astype(np.int64)
         cfg.check_world(b.size)
+        if not (np.isfinite(t).all() and t.min() > 0 and b.min() > 0):
+            return b.astype(np.int64)
         rates = b / t
         proportional = cfg.global_batch * rates / rates.sum()
         if cfg.rule is Rule.P:
@@ -463,10 +467,13 @@ class BatchController:
                                          _CHANGE_SIGMAS * st.scatter) + leeway
             st.moments[:, changed], st.fixed[changed] = 0.0, np.nan
             self._fold_scatter(miss[calibrated & ~changed])
-        forget = 1 - 1 / cfg.memory
+        # In place: a new 7 x n array per adjustment cost more than the rest of the
+        # adjustment at 4096 workers (glibc maps arrays that large afresh each time).
         u = 1 / (t * t)
-        st.moments = forget * st.moments + np.array([np.ones(n), e * e, u, u * b, u * t,
-                                                     u * b * b, u * b * t])
+        ub = u * b
+        st.moments *= 1 - 1 / cfg.memory
+        for row, reading in zip(st.moments, (1.0, e * e, u, ub, u * t, ub * b, ub * t)):
+            row += reading
         st.adjustments += 1
         fixed, slope = self._fit()[:2]
         st.allocation = b.copy()
@@ -515,14 +522,15 @@ class BatchController:
         to sum to B within the bounds."""
         cfg = self.config
         limit = max(cfg.max_change * cfg.global_batch, 1.0)
-        proposal = start + np.clip(move, -limit, limit)
+        proposal = start + np.minimum(np.maximum(move, -limit), limit)
         return _water_fill(np.maximum(proposal, 1e-9), float(cfg.global_batch), *cfg.bounds)
 
     def _fit(self) -> tuple:
-        """`_lines()` of the current moments, computed once per moments array."""
-        if self._fitted is None or self._fitted[0] is not self.state.moments:
-            self._fitted = (self.state.moments, self._lines())
-        return self._fitted[1]
+        """`_lines()` of the current moments, computed once per adjustment."""
+        st, fitted = self.state, self._fitted
+        if fitted is None or fitted[0] is not st.moments or fitted[1] != st.adjustments:
+            self._fitted = fitted = (st.moments, st.adjustments, self._lines())
+        return fitted[2]
 
     def _lines(self) -> tuple:
         """Each worker's time model t = fixed + slope * b from its weighted readings (see
