@@ -112,6 +112,21 @@ def test_the_first_steps_of_a_job_are_not_typical():
     assert slept == [pytest.approx(3 * 0.05), pytest.approx(4 * 0.04 - 0.05)]
 
 
+def test_steps_of_a_rank_whose_batch_grew_past_its_largest_are_not_typical():
+    """At 15 samples, past the 10 of the first exchange, the unslowed rank's steps took 8 ms a
+    sample as fresh memory was faulted in: the slowed rank keeps 4 ms. At 12, not past 15,
+    its steps at 3 ms a sample count."""
+    slow, slept = _emulator("1,4", 1)
+    slow.observe([StepRecord(step, 0, [10, 10], [0.04, 0.2], 1.0) for step in AFTER_WARMUP])
+    slow.observe([StepRecord(step, 0, [15, 5], [15 * 0.008, 0.1], 1.0) for step in range(7, 10)])
+    slow.after_compute(10, 5, 0.02)
+    slow.observe([StepRecord(step, 0, [12, 8], [12 * 0.003, 0.1], 1.0)
+                  for step in range(10, 13)])
+    slow.after_compute(13, 8, 0.032)
+    assert 0.02 + slept[0] == pytest.approx(4 * 5 * 0.004)
+    assert 0.032 + slept[1] == pytest.approx(4 * 8 * 0.003)
+
+
 def test_the_typical_compute_weighs_each_step_by_its_samples():
     """After the slowdown moved, the unslowed rank ran a window at 5 samples, 58 ms a
     sample, against 37 at 57 samples before: the steps at 57 outweigh the more numerous ones

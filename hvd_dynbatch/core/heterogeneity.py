@@ -184,6 +184,17 @@ class Emulator:
     the controller chose from the even split's window measured an imbalance of 1.22 (the
     slowed rank the slower) where the times are equal, and it moved the split to 213/43.
 
+    Nor are an unslowed rank's steps taken from an exchange in which its batch grew past the
+    largest it ran in the exchanges before: a process whose tensors grow takes fresh memory
+    from the kernel, and its first steps at the new size pay for it. One process training the
+    cnn at a 2-rank job's batches (128, then 187, 194, 218, ...) faulted 6,000-14,000 pages in
+    4 of its 5 steps at 187 and 3 of 5 at 218, which took 642-1359 us a sample against about
+    300 with no fault; at batches it had run before, almost none. On this project's machine a
+    page touched for the first time costs about 9 us (the hypervisor takes back memory left
+    free for a few seconds: 128 MiB took 270-350 ms to touch after a pause, 10 ms straight
+    after), so the slowed rank, sized from such a window, ran the next one slow, and the
+    controller moved the split back.
+
     A rank alone (a 1-rank job, as standalone rates are measured) has no other rank to
     follow, and its own compute once it sleeps is not its compute at full speed: here a step
     after a pause of 45 ms, slept or spun, computed 12-18% more slowly than a step after a
@@ -217,6 +228,7 @@ class Emulator:
         self._unslowed = collections.deque(typical.per_sample, maxlen=memory)
         self._unslowed_samples = collections.deque(typical.samples, maxlen=memory)
         self._unslowed_update = collections.deque(typical.update, maxlen=memory)
+        self._largest = None  # each rank's largest batch in the exchanges seen (`_grown`)
         self._calibration = calibration if world_size == 1 and not self._unslowed else 0
         self._calibrated = set()
         self._sleep = sleep
@@ -235,16 +247,18 @@ class Emulator:
     def observe(self, records) -> None:
         """Take the exchanged steps (`StepRecord`s, the same on every rank): the compute per
         sample and the update of their ranks at factor 1 become the typical ones (an update
-        of 0 was not timed), from step `WARMUP_STEPS` on (steps count from 0)."""
+        of 0 was not timed), from step `WARMUP_STEPS` on (steps count from 0), but not a
+        rank's steps in an exchange where its batch grew past any it ran before (see the
+        class)."""
         if self.slowdown is None:
             return
+        records = [record for record in records if record.step >= WARMUP_STEPS]
+        grown = self._grown(records)
         for record in records:
-            if record.step < WARMUP_STEPS:
-                continue
             unslowed = [(batch, seconds, update) for rank, (batch, seconds, update) in
                         enumerate(zip(record.batch_sizes, record.compute_times,
                                       record.update_times or [0.0] * len(record.batch_sizes)))
-                        if batch > 0 and seconds > 0
+                        if batch > 0 and seconds > 0 and rank not in grown
                         and self.slowdown.factor(record.step, rank) == 1]
             if unslowed:
                 samples = sum(batch for batch, _, _ in unslowed)
@@ -253,6 +267,17 @@ class Emulator:
                 updates = [update for _, _, update in unslowed if update > 0]
                 if updates:
                     self._unslowed_update.append(statistics.median(updates))
+
+    def _grown(self, records) -> set:
+        """The ranks whose batch in `records` went past the largest they ran in earlier
+        exchanges (the first exchange only sets it), which is then moved up."""
+        if not records:
+            return set()
+        largest = [max(sizes) for sizes in zip(*(record.batch_sizes for record in records))]
+        before, self._largest = self._largest, [max(pair) for pair in
+                                                zip(largest, self._largest or largest)]
+        return set() if before is None else {
+            rank for rank, (batch, most) in enumerate(zip(largest, before)) if batch > most}
 
     def after_compute(self, step: int, batch: int, compute_seconds: float,
                       update_seconds: float = 0.0) -> None:
