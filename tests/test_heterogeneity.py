@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from hvd_dynbatch.backend.weighting import batch_weight
-from hvd_dynbatch.core.heterogeneity import WARMUP_STEPS, Emulator, Slowdown, preset_factors
+from hvd_dynbatch.core.heterogeneity import (STALL_RATIO, WARMUP_STEPS, Emulator, Slowdown,
+                                             preset_factors)
 from hvd_dynbatch.training.batching import StepRecord
 from hvd_dynbatch.core.timing import StepTimer, median_error
 from hvd_dynbatch.errors import DynBatchError
@@ -103,28 +104,26 @@ def test_the_sleep_covers_the_update_too_at_its_cost_whatever_the_batch():
 def test_the_first_steps_of_a_job_are_not_typical():
     """The unslowed rank computed its first steps at 6 ms a sample, warming up, and 4 ms
     from the WARMUP_STEPS-th on: the slowed rank takes 4, and its own 5 ms until then."""
-    assert WARMUP_STEPS == 4
     slow, slept = _emulator("1,4", 1)
-    slow.observe([StepRecord(step, 0, [10, 10], [0.06, 0.2], 1.0) for step in range(4)])
-    slow.after_compute(5, 10, 0.05)
-    slow.observe([StepRecord(step, 0, [10, 10], [0.04, 0.2], 1.0) for step in range(4, 6)])
-    slow.after_compute(6, 10, 0.05)
+    slow.observe([StepRecord(step, 0, [10, 10], [0.06, 0.2], 1.0)
+                  for step in range(WARMUP_STEPS)])
+    slow.after_compute(WARMUP_STEPS + 1, 10, 0.05)
+    slow.observe([StepRecord(step, 0, [10, 10], [0.04, 0.2], 1.0)
+                  for step in range(WARMUP_STEPS, WARMUP_STEPS + 2)])
+    slow.after_compute(WARMUP_STEPS + 2, 10, 0.05)
     assert slept == [pytest.approx(3 * 0.05), pytest.approx(4 * 0.04 - 0.05)]
 
 
-def test_steps_of_a_rank_whose_batch_grew_past_its_largest_are_not_typical():
-    """At 15 samples, past the 10 of the first exchange, the unslowed rank's steps took 8 ms a
-    sample as fresh memory was faulted in: the slowed rank keeps 4 ms. At 12, not past 15,
-    its steps at 3 ms a sample count."""
-    slow, slept = _emulator("1,4", 1)
-    slow.observe([StepRecord(step, 0, [10, 10], [0.04, 0.2], 1.0) for step in AFTER_WARMUP])
-    slow.observe([StepRecord(step, 0, [15, 5], [15 * 0.008, 0.1], 1.0) for step in range(7, 10)])
-    slow.after_compute(10, 5, 0.02)
-    slow.observe([StepRecord(step, 0, [12, 8], [12 * 0.003, 0.1], 1.0)
-                  for step in range(10, 13)])
-    slow.after_compute(13, 8, 0.032)
-    assert 0.02 + slept[0] == pytest.approx(4 * 5 * 0.004)
-    assert 0.032 + slept[1] == pytest.approx(4 * 8 * 0.003)
+def test_steps_over_the_stall_ratio_times_the_fastest_are_not_typical():
+    """Of the unslowed rank's steps at 3, 3.6, 3.7 (within 1.25 times 3), 5 and 8 ms a sample
+    (fresh memory faulted in), the slowed rank takes the median of the first three: 3.6."""
+    assert STALL_RATIO == 1.25
+    slept = []
+    slow = Emulator(Slowdown.parse("1,4"), 1, 2, memory=9, sleep=slept.append)
+    slow.observe([StepRecord(WARMUP_STEPS + k, 0, [10, 10], [seconds, 0.2], 1.0)
+                  for k, seconds in enumerate([0.08, 0.03, 0.05, 0.036, 0.08, 0.037])])
+    slow.after_compute(WARMUP_STEPS + 6, 5, 0.02)
+    assert 0.02 + slept[0] == pytest.approx(4 * 5 * 0.0036)
 
 
 def test_the_typical_compute_weighs_each_step_by_its_samples():

@@ -32,7 +32,10 @@ from ..errors import DynBatchError
 # How many computes a rank alone runs at full speed to learn its typical compute (`Emulator`).
 CALIBRATION_STEPS = 12
 # The job's first steps, which a rank in a job does not take its typical costs from (`Emulator`).
-WARMUP_STEPS = 4
+WARMUP_STEPS = 2
+# A compute per sample over this many times the fastest of the recent ones paid for something
+# besides its samples, and is not typical (`Emulator`).
+STALL_RATIO = 1.25
 
 
 @dataclass(frozen=True)
@@ -138,7 +141,8 @@ class Emulator:
 
     A step should cost s times the typical cost of its batch on this machine: the median
     per-sample compute (forward plus backward) of the last `memory` steps, each step
-    weighing as many as the samples it computed, times the batch, plus the median optimizer
+    weighing as many as the samples it computed and those over `STALL_RATIO` times the
+    fastest of them left out (below), times the batch, plus the median optimizer
     update, which costs the same at any batch (the update before the step, which delays its
     arrival at the allreduce as the compute does). Slowing only the compute left the update
     at full speed: alone, a step whose update took u = 4-7% of it measured f (1 - u) + u
@@ -177,23 +181,34 @@ class Emulator:
     outweighed by the window's others.
 
     Nor are the typical costs taken from the job's steps before `WARMUP_STEPS`: a process's
-    first computes run slowly (below), and the slowed rank, which takes its typical costs
+    first computes run slowly (below; its very first took 599-2016 us a sample in the five
+    jobs below, the second 296-658), and the slowed rank, which takes its typical costs
     from the previous exchange, carried that into the next window, where the unslowed rank
     had sped up. In a 2-rank job (cnn, synthetic data, 1,4, global batch 256) the unslowed
     rank computed steps 1-4 at 0.79 ms a sample and steps 6-9 at 0.64-0.72, the split 205/51
     the controller chose from the even split's window measured an imbalance of 1.22 (the
     slowed rank the slower) where the times are equal, and it moved the split to 213/43.
 
-    Nor are an unslowed rank's steps taken from an exchange in which its batch grew past the
-    largest it ran in the exchanges before: a process whose tensors grow takes fresh memory
-    from the kernel, and its first steps at the new size pay for it. One process training the
-    cnn at a 2-rank job's batches (128, then 187, 194, 218, ...) faulted 6,000-14,000 pages in
-    4 of its 5 steps at 187 and 3 of 5 at 218, which took 642-1359 us a sample against about
-    300 with no fault; at batches it had run before, almost none. On this project's machine a
-    page touched for the first time costs about 9 us (the hypervisor takes back memory left
-    free for a few seconds: 128 MiB took 270-350 ms to touch after a pause, 10 ms straight
-    after), so the slowed rank, sized from such a window, ran the next one slow, and the
-    controller moved the split back.
+    Nor are the steps that took over `STALL_RATIO` times the fastest per sample of those
+    remembered: they paid for something besides their samples, which a slower worker would
+    not pay s times. A process whose tensors grow takes fresh memory from the kernel, and
+    its first steps at a new size pay for it: one process training the cnn at a 2-rank
+    job's batches (128, then 187, 194, 218, ...) faulted 6,000-14,000 pages in 4 of its 5
+    steps at 187 and 3 of 5 at 218, which took 642-1359 us a sample against about 300 with
+    no fault. On this project's machine a page touched for the first time costs about 9 us
+    (the hypervisor takes back memory left free for a few seconds: 128 MiB took 270-350 ms
+    to touch after a pause, 10 ms straight after; with huge pages, 13 faults where there
+    were 6,000, a step cost as much). The slowed rank, sized from such a window, ran the
+    next one slow. In five 2-rank jobs (cnn, synthetic data, 1,4, global batch 256) the
+    median of the unslowed rank's remembered steps was 497 and 550 us a sample after a
+    window at a new size (in two jobs), where the next window's steps took 367 and 387;
+    without the steps over 1.25 times the fastest it is 350 and 362. A job's warm-up shows
+    the same way: with the typical costs taken from step 4 on, the first window's was that
+    step alone, 316-392 us, where the next window's steps took 298-314 in the three jobs
+    that faulted nothing; from steps 2-4, without the slow ones, it is 290-362. Leaving out
+    instead the steps of a rank whose batch grew past its largest kept that fourth step as
+    the typical one for three windows in one job, which then measured 5.3-5.8 times the
+    unslowed rank at factor 4.
 
     A rank alone (a 1-rank job, as standalone rates are measured) has no other rank to
     follow, and its own compute once it sleeps is not its compute at full speed: here a step
@@ -228,7 +243,6 @@ class Emulator:
         self._unslowed = collections.deque(typical.per_sample, maxlen=memory)
         self._unslowed_samples = collections.deque(typical.samples, maxlen=memory)
         self._unslowed_update = collections.deque(typical.update, maxlen=memory)
-        self._largest = None  # each rank's largest batch in the exchanges seen (`_grown`)
         self._calibration = calibration if world_size == 1 and not self._unslowed else 0
         self._calibrated = set()
         self._sleep = sleep
@@ -247,18 +261,16 @@ class Emulator:
     def observe(self, records) -> None:
         """Take the exchanged steps (`StepRecord`s, the same on every rank): the compute per
         sample and the update of their ranks at factor 1 become the typical ones (an update
-        of 0 was not timed), from step `WARMUP_STEPS` on (steps count from 0), but not a
-        rank's steps in an exchange where its batch grew past any it ran before (see the
-        class)."""
+        of 0 was not timed), from step `WARMUP_STEPS` on (steps count from 0)."""
         if self.slowdown is None:
             return
-        records = [record for record in records if record.step >= WARMUP_STEPS]
-        grown = self._grown(records)
         for record in records:
+            if record.step < WARMUP_STEPS:
+                continue
             unslowed = [(batch, seconds, update) for rank, (batch, seconds, update) in
                         enumerate(zip(record.batch_sizes, record.compute_times,
                                       record.update_times or [0.0] * len(record.batch_sizes)))
-                        if batch > 0 and seconds > 0 and rank not in grown
+                        if batch > 0 and seconds > 0
                         and self.slowdown.factor(record.step, rank) == 1]
             if unslowed:
                 samples = sum(batch for batch, _, _ in unslowed)
@@ -267,17 +279,6 @@ class Emulator:
                 updates = [update for _, _, update in unslowed if update > 0]
                 if updates:
                     self._unslowed_update.append(statistics.median(updates))
-
-    def _grown(self, records) -> set:
-        """The ranks whose batch in `records` went past the largest they ran in earlier
-        exchanges (the first exchange only sets it), which is then moved up."""
-        if not records:
-            return set()
-        largest = [max(sizes) for sizes in zip(*(record.batch_sizes for record in records))]
-        before, self._largest = self._largest, [max(pair) for pair in
-                                                zip(largest, self._largest or largest)]
-        return set() if before is None else {
-            rank for rank, (batch, most) in enumerate(zip(largest, before)) if batch > most}
 
     def after_compute(self, step: int, batch: int, compute_seconds: float,
                       update_seconds: float = 0.0) -> None:
@@ -303,6 +304,18 @@ class Emulator:
                 self._own_update.append(update_seconds)
             own = statistics.median(self._own) if self._unslowed else min(self._own)
             own_update = _median(self._own_update, 0.0)
-            typical = _weighted_median(self._unslowed, self._unslowed_samples, own) * batch \
+            typical = self._typical_compute(own) * batch \
                 + _median(self._unslowed_update, own_update)
             self._sleep(max(0.0, factor * typical - own * batch - own_update))
+
+    def _typical_compute(self, default: float) -> float:
+        """The typical compute per sample: the median, each step weighing its samples, of the
+        recent unslowed ones within `STALL_RATIO` of the fastest (see the class); `default`
+        before any."""
+        if not self._unslowed:
+            return default
+        usual = STALL_RATIO * min(self._unslowed)
+        kept = [(value, samples) for value, samples in zip(self._unslowed, self._unslowed_samples)
+                if value <= usual]
+        return _weighted_median([value for value, _ in kept], [samples for _, samples in kept],
+                                default)
