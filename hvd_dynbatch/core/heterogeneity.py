@@ -212,8 +212,8 @@ class Emulator:
     windows in one job, which then measured 5.3-5.8 times the unslowed rank at factor 4 (its
     step 4, above). A ratio of 1.25 cut the spread of ordinary steps too:
     `benchmarks/emulator_fidelity.py` measured a factor of 4 in a job (cnn, digits, batch
-    256) as 3.61 and 8 as 7.24, 6 of its 12 slowed rows more than 4% low; at 1.5 all were
-    within 4%.
+    256) as 3.61 and 8 as 7.24, 6 of its 12 slowed rows more than 4% low; at 1.5 the largest
+    miss was -4.0%.
 
     A rank alone (a 1-rank job, as standalone rates are measured) has no other rank to
     follow, and its own compute once it sleeps is not its compute at full speed: here a step
