@@ -24,13 +24,15 @@ rules between two standalone measurements (a repeat's last is the next one's fir
 reverse order from one repeat to the next, so that no rule always runs first.
 
     python benchmarks/settling.py [--models cnn resnet18] [--schedules "0:1,4;75:4,1"]
-        [--steps 150] [--repeats 1] [--drift 0.15] [--seeds 100]
+        [--steps 150] [--repeats 1] [--drift 0.15] [--seeds 100] [--records DIR]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import statistics
+from pathlib import Path
 
 import numpy as np
 from common import print_report
@@ -132,6 +134,16 @@ def joined(runs: list) -> list:
     return [", ".join("-" if v is None else str(v) for v in column) for column in zip(*runs)]
 
 
+def keep_records(directory: str, records: list, schedule: str, model: str, rule: Rule,
+                 repeat: int) -> None:
+    """Write one job's metrics records to `directory` under a name that says which job."""
+    name = "_".join([schedule.replace(":", "-").replace(";", "+"), model, rule.value,
+                     str(repeat + 1)])
+    path = Path(directory) / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(records))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=150)
@@ -144,6 +156,9 @@ def main():
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--drift", type=float, default=0.15)
     parser.add_argument("--seeds", type=int, default=100)
+    parser.add_argument("--records", metavar="DIR",
+                        help="also write each real-rank job's per-step records to DIR as JSON "
+                             "(SCHEDULE_MODEL_RULE_REPEAT.json), to trace a window that missed")
     args = parser.parse_args()
     if args.repeats < 1 or args.seeds < 1 or args.drift < 0:
         parser.error("--repeats and --seeds must be at least 1, --drift not negative")
@@ -166,6 +181,8 @@ def main():
                         "--adjust-every", str(args.adjust_every), "--batching", "dynamic",
                         "--controller", rule.value, "--slowdown", schedule], timeout=3600)
                     jobs.append((rule, records))
+                    if args.records:
+                        keep_records(args.records, records, schedule, model, rule, repeat)
                 limits.append(standalone_limit(factors, args.global_batch // 2, options))
                 limit = statistics.mean(limits[-2:])
                 for rule, records in jobs:

@@ -1,5 +1,6 @@
 """Smoke runs of the benchmark scripts that users run on their own clusters: they start and
 report what they promise (figures are the benchmarks' business, not the tests')."""
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -68,3 +69,14 @@ def test_settling_counts_the_adjustments_after_which_the_split_holds():
     # (5.12 samples) of 205 and 51 after 1 and 2.
     assert figures[:2] == [2, 3]
     assert figures[4:] == ["205/51", "1/2"]
+
+
+def test_settling_keeps_each_jobs_records_under_a_name_that_says_which_job(tmp_path):
+    sys.path.insert(0, str(BENCHMARKS))
+    from settling import keep_records
+    from hvd_dynbatch.core.controller import Rule
+
+    records = [{"step": 0, "batch_sizes": [128, 128]}, {"type": "summary"}]
+    keep_records(str(tmp_path / "traces"), records, "0:1,4;75:4,1", "cnn", Rule.MODEL, 1)
+    written = tmp_path / "traces" / "0-1,4+75-4,1_cnn_model_2.json"
+    assert json.loads(written.read_text()) == records
