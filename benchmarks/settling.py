@@ -29,7 +29,6 @@ reverse order from one repeat to the next, so that no rule always runs first.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import statistics
 from pathlib import Path
@@ -41,7 +40,8 @@ from hvd_dynbatch.core.controller import BatchController, ControllerConfig, Rule
 from hvd_dynbatch.core.heterogeneity import Slowdown
 from hvd_dynbatch.core.simulator import ClusterModel, run_adjustments
 from hvd_dynbatch.tools.jobs import measuring_run, run_training_job, standalone_rates
-from hvd_dynbatch.training.metrics import busy_times, steady_throughput, step_records
+from hvd_dynbatch.training.metrics import (MetricsWriter, busy_times, steady_throughput,
+                                           step_records)
 
 SETTLED = 1.10
 # A split holds once rank 0's batch stays within this share of B of its steady value.
@@ -136,12 +136,14 @@ def joined(runs: list) -> list:
 
 def keep_records(directory: str, records: list, schedule: str, model: str, rule: Rule,
                  repeat: int) -> None:
-    """Write one job's metrics records to `directory` under a name that says which job."""
+    """Write one job's metrics records to `directory` as the train command's `--metrics`
+    file (`read_metrics` reads it back), under a name that says which job."""
     name = "_".join([schedule.replace(":", "-").replace(";", "+"), model, rule.value,
                      str(repeat + 1)])
-    path = Path(directory) / f"{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(records))
+    writer = MetricsWriter(str(Path(directory) / f"{name}.jsonl"))
+    for record in records:
+        writer.write(record)
+    writer.close()
 
 
 def main():
@@ -157,8 +159,9 @@ def main():
     parser.add_argument("--drift", type=float, default=0.15)
     parser.add_argument("--seeds", type=int, default=100)
     parser.add_argument("--records", metavar="DIR",
-                        help="also write each real-rank job's per-step records to DIR as JSON "
-                             "(SCHEDULE_MODEL_RULE_REPEAT.json), to trace a window that missed")
+                        help="also write each real-rank job's per-step records to DIR as "
+                             "metrics files (SCHEDULE_MODEL_RULE_REPEAT.jsonl), to trace a "
+                             "window that missed")
     args = parser.parse_args()
     if args.repeats < 1 or args.seeds < 1 or args.drift < 0:
         parser.error("--repeats and --seeds must be at least 1, --drift not negative")

@@ -1,6 +1,5 @@
 """Smoke runs of the benchmark scripts that users run on their own clusters: they start and
 report what they promise (figures are the benchmarks' business, not the tests')."""
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -75,8 +74,9 @@ def test_settling_keeps_each_jobs_records_under_a_name_that_says_which_job(tmp_p
     sys.path.insert(0, str(BENCHMARKS))
     from settling import keep_records
     from hvd_dynbatch.core.controller import Rule
+    from hvd_dynbatch.training.metrics import read_metrics
 
     records = [{"step": 0, "batch_sizes": [128, 128]}, {"type": "summary"}]
     keep_records(str(tmp_path / "traces"), records, "0:1,4;75:4,1", "cnn", Rule.MODEL, 1)
-    written = tmp_path / "traces" / "0-1,4+75-4,1_cnn_model_2.json"
-    assert json.loads(written.read_text()) == records
+    written = tmp_path / "traces" / "0-1,4+75-4,1_cnn_model_2.jsonl"
+    assert read_metrics(str(written)) == records
