@@ -10,6 +10,7 @@ from torch.utils.data import TensorDataset
 from hvd_dynbatch.backend.comm import Communicator, LocalCommunicator
 from hvd_dynbatch.backend.weighting import LocalOptimizer
 from hvd_dynbatch.core.controller import ControllerConfig, Rule
+from hvd_dynbatch.core.timing import WARMUP_STEPS
 from hvd_dynbatch.errors import DynBatchError
 from hvd_dynbatch.training.batching import DynamicBatching
 
@@ -80,7 +81,7 @@ class SwingingPeer(SlowPeer):
 
 def test_splits_no_longer_in_force_are_forgotten():
     peer = SwingingPeer()
-    batching = DynamicBatching(DATA, 64, peer, adjust_every=1,
+    batching = DynamicBatching(DATA, 64, peer, adjust_every=1, warmup_steps=0,
                                controller=ControllerConfig(64, rule=Rule.P))
     steps = take(batching.loader(), batching, 40)
     # 15 full steps of 64 in an epoch of 1000 samples.
@@ -91,7 +92,7 @@ def test_splits_no_longer_in_force_are_forgotten():
 
 
 def test_the_controller_is_given_each_ranks_time_and_its_error():
-    batching = DynamicBatching(DATA, 64, SlowPeer(), adjust_every=3,
+    batching = DynamicBatching(DATA, 64, SlowPeer(), adjust_every=3, warmup_steps=0,
                                controller=ControllerConfig(64, rule=Rule.MODEL))
     seen, update = [], batching.controller.update
 
@@ -104,6 +105,25 @@ def test_the_controller_is_given_each_ranks_time_and_its_error():
     (times, errors, own), = seen
     assert times[1] == pytest.approx(4 * times[0])
     assert np.isfinite(own) and errors == [own, own]  # the peer's is the same, relative
+
+
+@pytest.mark.parametrize("warm_up, first_steps_timed", [({}, False),
+                                                        ({"warmup_steps": 0}, True)])
+def test_a_process_first_steps_are_not_timed(warm_up, first_steps_timed):
+    """The first WARMUP_STEPS steps run slowly (a process warming up), as many after them
+    quickly: by default the timing is the quick ones', without a warm-up the median of all."""
+    batching = DynamicBatching(DATA, 64, LocalCommunicator(), adjust_every=100, **warm_up)
+    steps = iter(batching.loader())
+    for step in range(2 * WARMUP_STEPS):
+        next(steps)
+        time.sleep(0.3 if step < WARMUP_STEPS else 0.0)
+        batching.step_done()
+    assert (batching.timer.smoothed > 0.1) == first_steps_timed
+
+
+def test_a_negative_warm_up_is_refused():
+    with pytest.raises(DynBatchError, match="warmup_steps"):
+        DynamicBatching(DATA, 64, LocalCommunicator(), warmup_steps=-1)
 
 
 class BusyPeer(SlowPeer):

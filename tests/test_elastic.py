@@ -16,7 +16,7 @@ import torch
 
 from hvd_dynbatch.backend.backends import LocalBackend
 from hvd_dynbatch.backend.comm import Communicator
-from hvd_dynbatch.core.heterogeneity import WARMUP_STEPS
+from hvd_dynbatch.core.timing import WARMUP_STEPS
 from hvd_dynbatch.core.sampler import VariableBatchSampler
 from hvd_dynbatch.tools.launch import Launcher, kill_tree, start_local, wait_local
 from hvd_dynbatch.training.batching import StepRecord

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from hvd_dynbatch.backend.weighting import batch_weight
-from hvd_dynbatch.core.heterogeneity import (STALL_RATIO, WARMUP_STEPS, Emulator, Slowdown,
+from hvd_dynbatch.core.heterogeneity import (STALL_RATIO, Emulator, Slowdown,
                                              preset_factors)
 from hvd_dynbatch.training.batching import StepRecord
-from hvd_dynbatch.core.timing import StepTimer, median_error
+from hvd_dynbatch.core.timing import WARMUP_STEPS, StepTimer, median_error
 from hvd_dynbatch.errors import DynBatchError
 
 
@@ -228,6 +228,18 @@ def test_timer_takes_the_median_of_its_window():
     assert t.smoothed == 3.0
     t.reset()
     assert math.isnan(t.smoothed)
+
+
+def test_timer_leaves_out_its_warm_up_once_and_not_again_after_a_reset():
+    t = StepTimer(window=3, warmup=2)
+    for v in (9.0, 8.0, 1.0):
+        t.record(v)
+    assert t.smoothed == 1.0
+    t.reset()
+    t.record(2.0)
+    assert t.smoothed == 2.0
+    with pytest.raises(ValueError, match="warm-up"):
+        StepTimer(warmup=-1)
 
 
 def test_timer_error_is_the_relative_standard_error_of_its_median():

@@ -28,11 +28,10 @@ from dataclasses import dataclass
 from typing import Callable, NamedTuple, Optional
 
 from ..errors import DynBatchError
+from .timing import WARMUP_STEPS
 
 # How many computes a rank alone runs at full speed to learn its typical compute (`Emulator`).
 CALIBRATION_STEPS = 12
-# The job's first steps, which a rank in a job does not take its typical costs from (`Emulator`).
-WARMUP_STEPS = 2
 # A compute per sample over this many times the fastest of the recent ones paid for something
 # besides its samples (fresh memory, a stall), and is not typical (`Emulator`).
 STALL_RATIO = 1.5

@@ -9,6 +9,10 @@ from collections import deque
 
 import numpy as np
 
+# A process's first steps, which run slowly and are not timed (`StepTimer`, and the emulator's
+# typical costs in `core.heterogeneity`).
+WARMUP_STEPS = 2
+
 
 def median_error(samples, axis: int = 0):
     """The standard error of the median of `samples` along `axis`, as a fraction of it.
@@ -33,13 +37,30 @@ class StepTimer:
     The smoothed value is the median of the last `window` steps, which ignores the odd slow
     step (a page fault, a noisy neighbour) that a mean would chase. Call `reset()` when the
     batch size changes: times taken at the old size say nothing about the new one.
+
+    The first `warmup` durations it is given are left out, and `reset()` does not count them
+    again: a process's first steps run slowly (lazy initialisation, caches and allocator
+    pools filling) and say little about the ones after. On one machine (2026-12-03) the CNN's
+    first step took 599-2016 us a sample and its second 296-658, where later ones took about
+    300; over 24 traced 2-rank jobs there (`benchmarks/RESULTS.md`, Settling) the unslowed
+    rank's first
+    window read 1.07 times its later median (0.85-1.93), 1.01 (0.76-1.55) without its
+    first two steps, and the first proportional move from it would have landed 4.7 samples
+    from the steady split on average instead of 6.3. Measured side by side on a slower
+    machine (24 jobs each, `RESULTS.md`, "The timer leaves out a process's first two
+    steps"), the first move landed 3.9 samples from it with the warm-up left out, 4.3 with
+    it: there the first window read 1.05 times the later ones (0.87-1.15), 1.06 (0.91-1.22)
+    with the warm-up in.
     """
 
-    def __init__(self, window: int = 5):
+    def __init__(self, window: int = 5, warmup: int = 0):
         if window < 1:
             raise ValueError(f"the timing window must be at least 1 step, got {window}")
+        if warmup < 0:
+            raise ValueError(f"the warm-up must not be negative, got {warmup} steps")
         self._times = deque(maxlen=window)
         self._started = None
+        self._warmup = warmup
 
     def start(self) -> None:
         self._started = time.perf_counter()
@@ -50,12 +71,15 @@ class StepTimer:
             raise RuntimeError("StepTimer.stop() called without start()")
         elapsed = time.perf_counter() - self._started
         self._started = None
-        self._times.append(elapsed)
+        self.record(elapsed)
         return elapsed
 
     def record(self, seconds: float) -> None:
-        """Record a duration measured elsewhere."""
-        self._times.append(float(seconds))
+        """Record a duration measured elsewhere (left out while warming up)."""
+        if self._warmup > 0:
+            self._warmup -= 1
+        else:
+            self._times.append(float(seconds))
 
     @property
     def smoothed(self) -> float:

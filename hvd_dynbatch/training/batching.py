@@ -62,7 +62,7 @@ from torch.utils.data import DataLoader
 from ..backend.comm import Communicator
 from ..core.controller import BatchController, ControllerConfig, ControllerState
 from ..core.sampler import StepPlan, VariableBatchSampler
-from ..core.timing import StepTimer
+from ..core.timing import WARMUP_STEPS, StepTimer
 from ..errors import DynBatchError
 
 # Each step's facts in the exchange: batch, compute seconds, update seconds, loss.
@@ -171,7 +171,10 @@ class DynamicBatching:
     the loader built by `loader()`. With `autotuning` (for `torch.backends.cudnn.benchmark`,
     which times cuDNN's algorithms on the first step at each new input shape, at several times
     a step's cost) the first step at each batch size this rank has not run before is left out
-    of its timing; a window with no other step reports no time, and the split stays.
+    of its timing. The first `warmup_steps` steps it would time are left out too: a
+    process's first steps run slowly (`core.timing.StepTimer`); raise it for a longer warm-up,
+    such as `torch.compile`'s. A window with no timed step reports no time, and the split
+    stays.
 
     Building it is local; `step_done()` and `exchange()` are collectives: every rank calls
     them at the same steps (which the training loop's shape already ensures).
@@ -181,7 +184,8 @@ class DynamicBatching:
                  adaptive: bool = True, controller: Optional[ControllerConfig] = None,
                  adjust_every: int = 5, timing_window: int = 5, seed: int = 0,
                  least_batch: int = 1, empty_slices: bool = False, lag: Optional[int] = None,
-                 initial_split: Optional[Sequence[int]] = None, autotuning: bool = False):
+                 initial_split: Optional[Sequence[int]] = None, autotuning: bool = False,
+                 warmup_steps: int = WARMUP_STEPS):
         if comm is None:
             from ..backend.comm import for_horovod
 
@@ -190,12 +194,14 @@ class DynamicBatching:
             raise DynBatchError(f"adjust_every must be at least 1 step, got {adjust_every}")
         if lag is not None and lag < 0:
             raise DynBatchError(f"the lag must not be negative, got {lag}")
+        if warmup_steps < 0:
+            raise DynBatchError(f"warmup_steps must not be negative, got {warmup_steps}")
         self.dataset, self.adaptive, self.adjust_every = dataset, adaptive, adjust_every
         self.lag = lag
         self._template = dataclasses.replace(controller or ControllerConfig(global_batch),
                                              global_batch=global_batch)
         self.controller = self._controller_for(global_batch)
-        self.timer = StepTimer(timing_window)
+        self.timer = StepTimer(timing_window, warmup_steps)
         self.comm = comm
         split = (self.controller.initial_split(comm.size) if initial_split is None
                  else np.asarray(initial_split))
