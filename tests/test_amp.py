@@ -107,7 +107,7 @@ def test_with_autotuning_the_first_step_at_a_batch_size_is_not_timed(autotuning,
                                                                       first_step_timed):
     data = TensorDataset(torch.arange(100), torch.arange(100))
     batching = DynamicBatching(data, 10, LocalCommunicator(), adjust_every=100,
-                               autotuning=autotuning, warmup_steps=0)
+                               autotuning=autotuning, untimed_steps=0)
     steps = iter(batching.loader())
     for k in range(2):
         next(steps)

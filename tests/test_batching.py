@@ -81,7 +81,7 @@ class SwingingPeer(SlowPeer):
 
 def test_splits_no_longer_in_force_are_forgotten():
     peer = SwingingPeer()
-    batching = DynamicBatching(DATA, 64, peer, adjust_every=1, warmup_steps=0,
+    batching = DynamicBatching(DATA, 64, peer, adjust_every=1, untimed_steps=0,
                                controller=ControllerConfig(64, rule=Rule.P))
     steps = take(batching.loader(), batching, 40)
     # 15 full steps of 64 in an epoch of 1000 samples.
@@ -92,7 +92,7 @@ def test_splits_no_longer_in_force_are_forgotten():
 
 
 def test_the_controller_is_given_each_ranks_time_and_its_error():
-    batching = DynamicBatching(DATA, 64, SlowPeer(), adjust_every=3, warmup_steps=0,
+    batching = DynamicBatching(DATA, 64, SlowPeer(), adjust_every=3, untimed_steps=0,
                                controller=ControllerConfig(64, rule=Rule.MODEL))
     seen, update = [], batching.controller.update
 
@@ -108,7 +108,7 @@ def test_the_controller_is_given_each_ranks_time_and_its_error():
 
 
 @pytest.mark.parametrize("warm_up, first_steps_timed", [({}, False),
-                                                        ({"warmup_steps": 0}, True)])
+                                                        ({"untimed_steps": 0}, True)])
 def test_a_process_first_steps_are_not_timed(warm_up, first_steps_timed):
     """The first WARMUP_STEPS steps run slowly (a process warming up), as many after them
     quickly: by default the timing is the quick ones', without a warm-up the median of all."""
@@ -122,8 +122,8 @@ def test_a_process_first_steps_are_not_timed(warm_up, first_steps_timed):
 
 
 def test_a_negative_warm_up_is_refused():
-    with pytest.raises(DynBatchError, match="warmup_steps"):
-        DynamicBatching(DATA, 64, LocalCommunicator(), warmup_steps=-1)
+    with pytest.raises(DynBatchError, match="untimed_steps"):
+        DynamicBatching(DATA, 64, LocalCommunicator(), untimed_steps=-1)
 
 
 class BusyPeer(SlowPeer):

@@ -1,8 +1,11 @@
 """Smoke runs of the benchmark scripts that users run on their own clusters: they start and
 report what they promise (figures are the benchmarks' business, not the tests')."""
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from hvd_dynbatch.tools.launch import Launcher, local_env
 from launcher import PYTHON, run_ranks
@@ -80,3 +83,32 @@ def test_settling_keeps_each_jobs_records_under_a_name_that_says_which_job(tmp_p
     keep_records(str(tmp_path / "traces"), records, "0:1,4;75:4,1", "cnn", Rule.MODEL, 1)
     written = tmp_path / "traces" / "0-1,4+75-4,1_cnn_model_2.jsonl"
     assert read_metrics(str(written)) == records
+
+
+def test_replay_rebuilds_the_readings_the_controller_saw_and_tells_a_split_it_did_not_make():
+    """Rank 1 takes 4 times rank 0's time a sample, and rank 0's first three steps take 3
+    times its later ones (a process warming up). From steps 2-4, whose median is a warm one,
+    the `p` rule moves the even split to 205/51; a replay that timed steps 0-4 would not,
+    and a job that ran another split is told."""
+    sys.path.insert(0, str(BENCHMARKS))
+    from replay import readings, replay
+    from hvd_dynbatch.training.config import TrainConfig
+
+    def step(k, split):
+        warming = 3.0 if k < 3 else 1.0
+        return {"step": k, "batch_sizes": list(split), "update_times": [0.0, 0.0],
+                "compute_times": [warming * 1e-3 * split[0], 4e-3 * split[1]]}
+
+    config = {k: getattr(v, "value", v) for k, v in dataclasses.asdict(
+        TrainConfig(global_batch=256, controller="p", max_steps=10)).items()}
+    ran = [step(k, (128, 128)) for k in range(5)] + [step(k, (205, 51)) for k in range(5, 10)]
+    first, second = readings(ran, 5, 256, 5, untimed=2)
+    assert first[0] == [128, 128] and first[1] == [pytest.approx(0.128), pytest.approx(0.512)]
+    assert second[1] == [pytest.approx(0.205), pytest.approx(0.204)]  # timed afresh
+    replayed, recorded, fixed = replay([*ran, {"config": config}], 2, lag=0, min_batch=2)
+    assert replayed[0] == [205, 51] == recorded[0] and recorded[1] is None and fixed is None
+    other = [step(k, (128, 128)) for k in range(10)]
+    replayed, recorded, _ = replay([*other, {"config": config}], 2, lag=0, min_batch=2)
+    assert replayed[0] != recorded[0]
+    replayed, recorded, _ = replay([*ran, {"config": config}], 0, lag=0, min_batch=2)
+    assert replayed[0] != [205, 51]

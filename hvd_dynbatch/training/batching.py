@@ -171,7 +171,7 @@ class DynamicBatching:
     the loader built by `loader()`. With `autotuning` (for `torch.backends.cudnn.benchmark`,
     which times cuDNN's algorithms on the first step at each new input shape, at several times
     a step's cost) the first step at each batch size this rank has not run before is left out
-    of its timing. The first `warmup_steps` steps it would time are left out too: a
+    of its timing. The first `untimed_steps` steps it would time are left out too: a
     process's first steps run slowly (`core.timing.StepTimer`); raise it for a longer warm-up,
     such as `torch.compile`'s. A window with no timed step reports no time, and the split
     stays.
@@ -185,7 +185,7 @@ class DynamicBatching:
                  adjust_every: int = 5, timing_window: int = 5, seed: int = 0,
                  least_batch: int = 1, empty_slices: bool = False, lag: Optional[int] = None,
                  initial_split: Optional[Sequence[int]] = None, autotuning: bool = False,
-                 warmup_steps: int = WARMUP_STEPS):
+                 untimed_steps: int = WARMUP_STEPS):
         if comm is None:
             from ..backend.comm import for_horovod
 
@@ -194,14 +194,14 @@ class DynamicBatching:
             raise DynBatchError(f"adjust_every must be at least 1 step, got {adjust_every}")
         if lag is not None and lag < 0:
             raise DynBatchError(f"the lag must not be negative, got {lag}")
-        if warmup_steps < 0:
-            raise DynBatchError(f"warmup_steps must not be negative, got {warmup_steps}")
+        if untimed_steps < 0:
+            raise DynBatchError(f"untimed_steps must not be negative, got {untimed_steps}")
         self.dataset, self.adaptive, self.adjust_every = dataset, adaptive, adjust_every
         self.lag = lag
         self._template = dataclasses.replace(controller or ControllerConfig(global_batch),
                                              global_batch=global_batch)
         self.controller = self._controller_for(global_batch)
-        self.timer = StepTimer(timing_window, warmup_steps)
+        self.timer = StepTimer(timing_window, untimed_steps)
         self.comm = comm
         split = (self.controller.initial_split(comm.size) if initial_split is None
                  else np.asarray(initial_split))

@@ -1,0 +1,125 @@
+"""Replay traced dynamic-batching jobs through the controller: what each adjustment saw.
+
+`settling.py --records DIR` (or `hvd-dynbatch train --metrics FILE`) keeps a job's per-step
+records. This rebuilds what the ranks gathered at each exchange, each rank's smoothed busy
+time (compute and update) and its error from a `StepTimer` fed that rank's steps as
+`DynamicBatching` feeds it (restarted at each new split, full steps only, the first
+`--untimed-steps` left out), runs a fresh controller with the job's settings on them, and
+prints for each job:
+
+- whether every replayed split equals the recorded one (the rebuilt readings are what the
+  controller saw only if they do);
+- rank 0's batch after the first and the second adjustment, less its steady batch (its
+  median over the second half of the first `--phase` steps): where the rule's moves landed;
+- for the "model" rule, the fixed cost it holds for each rank after its second adjustment,
+  in ms (after shrinkage, a negative fit as 0; nan for a rank with none fitted yet).
+
+    python benchmarks/replay.py DIR_OR_FILE... [--untimed-steps 2] [--lag 0] [--phase 75]
+        [--min-batch 2]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+from common import print_report
+
+from hvd_dynbatch.core.controller import BatchController, Rule
+from hvd_dynbatch.core.timing import WARMUP_STEPS, StepTimer
+from hvd_dynbatch.training.config import TrainConfig
+from hvd_dynbatch.training.metrics import busy_times, read_metrics, step_records
+
+
+def readings(steps: list, adjust_every: int, global_batch: int, window: int,
+             untimed: int) -> list:
+    """(split, smoothed times, errors) at each exchange, as every rank's timer read them."""
+    timers = [StepTimer(window, untimed) for _ in steps[0]["batch_sizes"]]
+    timed_split, out = None, []
+    for record in steps:
+        split = record["batch_sizes"]
+        if sum(split) == global_batch:
+            if split != timed_split:
+                for timer in timers:
+                    timer.reset()
+                timed_split = split
+            for timer, seconds in zip(timers, busy_times(record)):
+                timer.record(seconds)
+        if (record["step"] + 1) % adjust_every == 0:
+            out.append((split, [t.smoothed for t in timers], [t.error for t in timers]))
+    return out
+
+
+def replay(records: list, untimed: int, lag: int, min_batch: int) -> tuple:
+    """The splits the controller decides from the rebuilt readings, those the job ran from the
+    step each decision took effect (`lag` steps after the next one; None past the job's
+    end), and the fixed costs the "model" rule fitted at the second adjustment (None for
+    other rules)."""
+    config = TrainConfig(**records[-1]["config"])
+    steps = step_records(records)
+    controller = BatchController(config.controller_config(least_batch=min_batch))
+    controller.initial_split(len(steps[0]["batch_sizes"]))
+    ran = {r["step"]: r["batch_sizes"] for r in steps}
+    replayed, recorded, fixed = [], [], None
+    for k, (split, times, errors) in enumerate(readings(
+            steps, config.adjust_every, config.global_batch, config.timing_window, untimed)):
+        replayed.append([int(b) for b in controller.update(split, times, errors)])
+        recorded.append(ran.get((k + 1) * config.adjust_every + lag))
+        if k == 1 and controller.config.rule is Rule.MODEL:
+            fixed = controller.state.fixed.copy()
+    return replayed, recorded, fixed
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("paths", nargs="+", help="metrics files, or folders of them")
+    parser.add_argument("--untimed-steps", type=int, default=WARMUP_STEPS,
+                        help="the steps each rank's timer left out first (0 before 5fd50c8)")
+    parser.add_argument("--lag", type=int, default=0,
+                        help="the loader's prefetch depth (workers x prefetch factor; 0 "
+                             "without loader workers, as the benchmarks run)")
+    parser.add_argument("--phase", type=int, default=75,
+                        help="steps of the first slowdown phase, for rank 0's steady batch")
+    parser.add_argument("--min-batch", type=int, default=2,
+                        help="the smallest batch the model trains on (2 with batch norm)")
+    args = parser.parse_args()
+    files = [f for p in map(Path, args.paths)
+             for f in (sorted(p.glob("*.jsonl")) if p.is_dir() else [p])]
+    if not files:
+        parser.error("no metrics files found")
+    rows = []
+    for path in files:
+        try:
+            records = read_metrics(str(path))
+        except (OSError, ValueError) as e:
+            print(f"{path}: cannot read it as a metrics file ({e}); not replayed",
+                  file=sys.stderr)
+            continue
+        steps = step_records(records)
+        if not steps or "config" not in records[-1]:
+            print(f"{path}: not the metrics of a finished run (step records, then a summary "
+                  f"with its config); not replayed", file=sys.stderr)
+            continue
+        if len({len(r["batch_sizes"]) for r in steps}) != 1:
+            print(f"{path}: the world size changed; not replayed", file=sys.stderr)
+            continue
+        replayed, recorded, fixed = replay(records, args.untimed_steps, args.lag,
+                                           args.min_batch)
+        ran = [(mine, theirs) for mine, theirs in zip(replayed, recorded) if theirs]
+        steady = statistics.median(r["batch_sizes"][0]
+                                   for r in steps[args.phase // 2:args.phase])
+        rows.append([path.stem, "yes" if all(m == t for m, t in ran) else "no",
+                     f"{recorded[0][0] - steady:+g}", f"{recorded[1][0] - steady:+g}",
+                     "-" if fixed is None else "/".join(f"{1e3 * a:.1f}" for a in fixed)])
+    if not rows:
+        sys.exit("none of the files could be replayed")
+    print_report("Each job's adjustments replayed through the controller from its records: "
+                 "whether the replayed splits are the recorded ones, rank 0's batch after the "
+                 "first and second adjustment less its steady batch, and the fixed costs "
+                 "(ms) 'model' fitted at its second adjustment, per rank.",
+                 ["job", "replay matches", "first move", "second move", "fixed costs"], rows)
+
+
+if __name__ == "__main__":
+    main()
