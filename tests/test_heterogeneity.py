@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hvd_dynbatch.backend.weighting import batch_weight
-from hvd_dynbatch.core.heterogeneity import (STALL_RATIO, Emulator, Slowdown,
+from hvd_dynbatch.core.heterogeneity import (NEAR_BATCH, STALL_RATIO, Emulator, Slowdown,
                                              preset_factors)
 from hvd_dynbatch.training.batching import StepRecord
 from hvd_dynbatch.core.timing import WARMUP_STEPS, StepTimer, median_error
@@ -137,6 +137,23 @@ def test_the_typical_compute_weighs_each_step_by_its_samples():
                     for step in range(10, 15)])
     slow.after_compute(15, 27, 27 * 0.04)
     assert 27 * 0.04 + slept[0] == pytest.approx(8 * 27 * 0.037)
+
+
+def test_the_own_compute_is_taken_at_about_the_current_batch_after_the_warm_up():
+    """The slowed rank computed 5 ms a sample at 100 samples (10 and 6 in its first two
+    steps) and 6 at 40 and 45, where its fixed costs show: each step at 40 or 45 costs 4 times
+    the unslowed rank's 4 ms a sample, not that and the 1 ms a sample more that a median of
+    all its steps (5.5 ms) leaves out."""
+    assert NEAR_BATCH == 1.25
+    slept = []
+    slow = Emulator(Slowdown.parse("1,4"), 1, 2, memory=9, sleep=slept.append)
+    for step, per_sample in enumerate((0.01, 0.006, 0.005, 0.005, 0.005)):
+        slow.after_compute(step, 100, 100 * per_sample)
+    slow.observe([StepRecord(step, 0, [100, 100], [0.4, 2.0], 1.0) for step in range(5)])
+    for step, batch in ((5, 40), (6, 40), (7, 45)):
+        slow.after_compute(step, batch, batch * 0.006)
+    assert [batch * 0.006 + seconds for batch, seconds in zip((40, 40, 45), slept[5:])] == [
+        pytest.approx(4 * batch * 0.004) for batch in (40, 40, 45)]
 
 
 def test_an_update_not_timed_is_left_out_of_the_typical_and_the_own_update():

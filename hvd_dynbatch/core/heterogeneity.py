@@ -35,6 +35,9 @@ CALIBRATION_STEPS = 12
 # A compute per sample over this many times the fastest of the recent ones paid for something
 # besides its samples (fresh memory, a stall), and is not typical (`Emulator`).
 STALL_RATIO = 1.5
+# A rank's own compute per sample is taken from its recent steps at batches within this
+# factor of the one it runs now (`Emulator`).
+NEAR_BATCH = 1.25
 
 
 @dataclass(frozen=True)
@@ -214,6 +217,19 @@ class Emulator:
     256) as 3.61 and 8 as 7.24, 6 of its 12 slowed rows more than 4% low; at 1.5 the largest
     miss was -4.0%.
 
+    This rank's own compute, which the sleep leaves out, is its median per sample over its
+    recent slowed steps at about the batch it runs now (within a factor of `NEAR_BATCH`),
+    and from step `WARMUP_STEPS` on. A sleeping rank's compute per sample grows as its batch
+    falls: in a 2-rank job (cnn, synthetic data, 1,4, global batch 256) the slowed rank
+    computed 0.46-0.48 ms a sample at 128 and 0.49-0.66 at 71 in the window after the
+    controller's first move, and 0.47-1.03 at 50 in the next; its first two steps took 5.9
+    and 1.5 ms a sample. A median over all its last 9 steps, those at 128 and the first two
+    among them, was off by as much, and in 24 such traced jobs (1,4 and 1,8) the slowed
+    rank's window after the first move took 1.046 times the emulator's target (median;
+    1.02-1.25), the next 1.014 and the eighth 1.002: the controller read a slow rank slower
+    at its smaller batch, a fixed cost that no slow worker has. The first step at a new
+    batch is its own median, so it costs its target exactly.
+
     A rank alone (a 1-rank job, as standalone rates are measured) has no other rank to
     follow, and its own compute once it sleeps is not its compute at full speed: here a step
     after a pause of 45 ms, slept or spun, computed 12-18% more slowly than a step after a
@@ -303,14 +319,23 @@ class Emulator:
         factor = self.slowdown.factor(step, self.rank)
         if factor > 1:
             # Only steps that sleep: those at factor 1 ran faster, back to back.
-            self._own.append(compute_seconds / batch)
+            self._own.append((step, batch, compute_seconds / batch))
             if update_seconds > 0:
                 self._own_update.append(update_seconds)
-            own = statistics.median(self._own) if self._unslowed else min(self._own)
+            own = self._own_compute(step, batch)
             own_update = _median(self._own_update, 0.0)
             typical = self._typical_compute(own) * batch \
                 + _median(self._unslowed_update, own_update)
             self._sleep(max(0.0, factor * typical - own * batch - own_update))
+
+    def _own_compute(self, step: int, batch: int) -> float:
+        """This rank's own compute per sample in `step` at `batch`: the median (before any
+        exchange, the fastest) of its recent slowed steps at batches within `NEAR_BATCH` of
+        `batch`, from step `WARMUP_STEPS` on, and this one (see the class)."""
+        near = [per_sample for at, size, per_sample in self._own
+                if at == step or at >= WARMUP_STEPS
+                and max(size, batch) <= NEAR_BATCH * min(size, batch)]
+        return statistics.median(near) if self._unslowed else min(near)
 
     def _typical_compute(self, default: float) -> float:
         """The typical compute per sample: the median, each step weighing its samples, of the
