@@ -36,15 +36,12 @@ def readings(steps: list, adjust_every: int, global_batch: int, window: int,
              untimed: int) -> list:
     """(split, smoothed times, errors) at each exchange, as every rank's timer read them."""
     timers = [StepTimer(window, untimed) for _ in steps[0]["batch_sizes"]]
-    timed_split, out = None, []
+    out = []
     for record in steps:
         split = record["batch_sizes"]
         if sum(split) == global_batch:
-            if split != timed_split:
-                for timer in timers:
-                    timer.reset()
-                timed_split = split
             for timer, seconds in zip(timers, busy_times(record)):
+                timer.time_at(split)
                 timer.record(seconds)
         if (record["step"] + 1) % adjust_every == 0:
             out.append((split, [t.smoothed for t in timers], [t.error for t in timers]))

@@ -247,6 +247,21 @@ def test_timer_takes_the_median_of_its_window():
     assert math.isnan(t.smoothed)
 
 
+def test_timer_restarts_its_window_when_the_split_it_times_changes():
+    t = StepTimer(window=3)
+    t.time_at((2, 6))
+    t.record(1.0)
+    t.time_at((2, 6))
+    t.record(3.0)
+    assert t.smoothed == 2.0 and t.split == (2, 6)
+    t.time_at((3, 5))
+    assert math.isnan(t.smoothed) and t.split == (3, 5)
+    t.record(5.0)
+    assert t.smoothed == 5.0
+    t.reset()
+    assert t.split is None
+
+
 def test_timer_leaves_out_its_warm_up_once_and_not_again_after_a_reset():
     t = StepTimer(window=3, warmup=2)
     for v in (9.0, 8.0, 1.0):

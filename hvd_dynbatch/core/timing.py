@@ -35,8 +35,9 @@ class StepTimer:
     optimizer's update before it (`training.batching` records the two).
 
     The smoothed value is the median of the last `window` steps, which ignores the odd slow
-    step (a page fault, a noisy neighbour) that a mean would chase. Call `reset()` when the
-    batch size changes: times taken at the old size say nothing about the new one.
+    step (a page fault, a noisy neighbour) that a mean would chase. `time_at(split)` before
+    each step's record restarts the window when the split changes: times taken at the old
+    batch say nothing about the new one.
 
     The first `warmup` durations it is given are left out, and `reset()` does not count them
     again: a process's first steps run slowly (lazy initialisation, caches and allocator
@@ -61,6 +62,7 @@ class StepTimer:
         self._times = deque(maxlen=window)
         self._started = None
         self._warmup = warmup
+        self._split = None
 
     def start(self) -> None:
         self._started = time.perf_counter()
@@ -73,6 +75,18 @@ class StepTimer:
         self._started = None
         self.record(elapsed)
         return elapsed
+
+    def time_at(self, split) -> None:
+        """Time the steps that follow at `split` (every rank's batch): a split other than the
+        one timed so far restarts the window."""
+        if split != self._split:
+            self.reset()
+            self._split = split
+
+    @property
+    def split(self):
+        """The split the window was taken at (`time_at`), None after a reset."""
+        return self._split
 
     def record(self, seconds: float) -> None:
         """Record a duration measured elsewhere (left out while warming up)."""
@@ -92,4 +106,6 @@ class StepTimer:
         return float(median_error(list(self._times)))
 
     def reset(self) -> None:
+        """Forget the window and the split it was taken at (not the warm-up)."""
         self._times.clear()
+        self._split = None

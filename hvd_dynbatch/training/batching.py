@@ -216,7 +216,6 @@ class DynamicBatching:
         self.last_full_split = None      # every rank's batch in the last step that took B
         self._position = self._sampler.state_dict()  # where the next step to train starts
         self._splits = [(0, tuple(int(b) for b in split))]  # (first step, split), in order
-        self._timed_split = None         # the split the timer's readings were taken at
         self._tuned = set() if autotuning else None  # batch sizes this rank has run
         self._plans = collections.deque()  # planned by the loader, not yet handed out
         self._planned = 0                # steps planned so far (the next plan's step)
@@ -368,9 +367,7 @@ class DynamicBatching:
         self._compute = time.perf_counter() - started
         split = self.split_at(step)
         if plan.sizes == split:
-            if split != self._timed_split:
-                self.timer.reset()
-                self._timed_split = split
+            self.timer.time_at(split)
             mine = plan.sizes[self.rank]
             if self._tuned is None or mine in self._tuned:
                 self.timer.record(self._compute + self.last_update_seconds)
@@ -462,7 +459,7 @@ class DynamicBatching:
         if not self.adaptive or any(self.step < s <= effective for s, _ in self._splits):
             return
         current = self.split_at(self.step)
-        if current != self._timed_split:
+        if current != self.timer.split:
             return
         if sum(current) != self.controller.config.global_batch:
             self.controller = self._controller_for(sum(current))
@@ -543,7 +540,6 @@ class DynamicBatching:
         """Drop this rank's facts not yet exchanged and its timings (an elastic reset). Local."""
         self._exchange.clear()
         self.timer.reset()
-        self._timed_split = None
 
     # -- state --------------------------------------------------------------------------------
 
