@@ -10,14 +10,23 @@ the sum of the two workers' standalone rates at B/2 (measured before and after t
 this machine's speed drifts), and rank 0's steady batch in each phase (its median over the
 phase's second half), to show whether the rules hold the same split, and after how many
 adjustments its batch holds within 2% of B of it: the rule's own settling, which the imbalance
-of a 5-step window, noisy on a shared machine, can hide. The same schedule runs in the cluster
-model (`hvd_dynbatch.core.simulator`) with matching rates and noise, as a noise-controlled
-reference, and a second table runs it over many seeds with drift: each worker's speed also
-takes a lognormal factor drawn afresh each window, as this machine's windows move by 10-20%
-where the steps within one move by 2-5%. It reports the share of seeds settled (noise-free
-max/min <= 1.10 at the split) within 3 adjustments from even and after the change, the mean
-noise-free efficiency from the fourth window on, and the seeds in which a worker's batch fell
-to 3 samples or fewer, which no balanced split of these schedules comes near.
+of a 5-step window, noisy on a shared machine, can hide.
+
+It also reports the balance: in each window, the step time the ranks' throughputs at their
+batches would allow over the slowest rank's busy time, its median over the steady windows.
+Read within a window, it leaves out the drift of this machine's speed from job to job, which
+moves a rule's efficiency by up to 13 points between repeats (`RESULTS.md`, Settling), and so
+shows what the controller itself gains or loses; a table pairs each rule's runs with the first
+rule's of the same repeat.
+
+The same schedule runs in the cluster model (`hvd_dynbatch.core.simulator`) with matching
+rates and noise, as a noise-controlled reference, and a last table runs it over many seeds with
+drift: each worker's speed also takes a lognormal factor drawn afresh each window, as this
+machine's windows move by 10-20% where the steps within one move by 2-5%. It reports the share
+of seeds settled (noise-free max/min <= 1.10 at the split) within 3 adjustments from even and
+after the change, the mean noise-free efficiency from the fourth window on, and the seeds in
+which a worker's batch fell to 3 samples or fewer, which no balanced split of these schedules
+comes near.
 
 With `--repeats N` every real-rank row lists its N runs' figures in order. Each repeat runs the
 rules between two standalone measurements (a repeat's last is the next one's first), in the
@@ -51,14 +60,17 @@ WITHIN, FALLEN = 3, 3
 
 
 def windows(records: list, adjust_every: int) -> list:
-    """(split, imbalance) for each adjustment window of a run."""
+    """(split, imbalance, balance) for each adjustment window of a run: balance is
+    B / (max_i t_i * sum_i b_i / t_i), the step time the ranks' throughputs at their batches
+    b_i would allow over the slowest rank's busy time t_i, 1 when the busy times are equal."""
     steps = step_records(records)
     out = []
     for start in range(0, len(steps) - adjust_every + 1, adjust_every):
         chunk = steps[start:start + adjust_every]
-        times = [statistics.median(busy_times(r)[i] for r in chunk)
-                 for i in range(len(chunk[0]["batch_sizes"]))]
-        out.append((chunk[0]["batch_sizes"], max(times) / min(times)))
+        split = chunk[0]["batch_sizes"]
+        times = [statistics.median(busy_times(r)[i] for r in chunk) for i in range(len(split))]
+        balance = sum(split) / (max(times) * sum(b / t for b, t in zip(split, times)))
+        out.append((split, max(times) / min(times), balance))
     return out
 
 
@@ -129,6 +141,14 @@ def standalone_limit(factors: list, batch: int, options: list) -> float:
     return sum(rates[f] for f in factors)
 
 
+def paired(first: list, other: list) -> str:
+    """`other` less `first`, run by run: the mean difference with its standard error, and in
+    how many pairs `other` matched or beat `first`."""
+    diffs = np.subtract(other, first)
+    error = diffs.std(ddof=1) / np.sqrt(len(diffs)) if len(diffs) > 1 else np.nan
+    return f"{diffs.mean():+.1%} (+-{error:.1%}), {int((diffs >= 0).sum())} of {len(diffs)}"
+
+
 def joined(runs: list) -> list:
     """One table row's cells from several runs' cells: each column's values in run order."""
     return [", ".join("-" if v is None else str(v) for v in column) for column in zip(*runs)]
@@ -166,7 +186,7 @@ def main():
     if args.repeats < 1 or args.seeds < 1 or args.drift < 0:
         parser.error("--repeats and --seeds must be at least 1, --drift not negative")
     rules = [Rule(r) for r in args.rules]
-    rows, drift_rows = [], []
+    rows, pair_rows, drift_rows = [], [], []
     for schedule in args.schedules:
         slowdown = Slowdown.parse(schedule)
         change_at = slowdown.starts[1] // args.adjust_every
@@ -174,6 +194,7 @@ def main():
             options = ["--model", model, "--dataset", "synthetic"]
             factors = [f"{f:g}" for f in slowdown.factors[0]]
             runs = {rule: [] for rule in rules}
+            measured = {rule: [] for rule in rules}  # (efficiency, balance) of each run
             limits = [standalone_limit(factors, args.global_batch // 2, options)]
             for repeat in range(args.repeats):
                 jobs = []
@@ -189,21 +210,27 @@ def main():
                 limits.append(standalone_limit(factors, args.global_batch // 2, options))
                 limit = statistics.mean(limits[-2:])
                 for rule, records in jobs:
-                    splits, imbalances = zip(*windows(records, args.adjust_every))
+                    splits, imbalances, balances = zip(*windows(records, args.adjust_every))
+                    measured[rule].append((steady_throughput(records) / limit,
+                                           statistics.median(balances[len(balances) // 4:])))
                     runs[rule].append(
                         [*settle_figures(splits, imbalances, change_at, args.global_batch),
                          f"{limits[-1] / limits[-2]:.2f}",
-                         f"{steady_throughput(records) / limit:.0%}"])
+                         *(f"{x:.1%}" for x in measured[rule][-1])])
                     print(f"{schedule} {model} {rule.value}, repeat {repeat + 1}: imbalance "
                           f"per window {[round(x, 2) for x in imbalances]}, rank 0's batch "
                           f"{[s[0] for s in splits]}", file=sys.stderr)
             rows += [[schedule, f"{model} (real ranks)", rule.value, *joined(runs[rule])]
                      for rule in rules]
+            pair_rows += [[schedule, model, f"{rule.value} - {rules[0].value}",
+                           *(paired(first, other) for first, other in
+                             zip(zip(*measured[rules[0]]), zip(*measured[rule])))]
+                          for rule in rules[1:]]
         for rule in rules:
             history = cluster_history(slowdown, change_at, args, rule, seed=1)
             rows.append([schedule, "cluster model, 5% noise", rule.value, *settle_figures(
                 [h["split"] for h in history], [h["imbalance"] for h in history], change_at,
-                args.global_batch), None, None])
+                args.global_batch), None, None, None])
             drift_rows.append([schedule, rule.value, *drift_row(slowdown, change_at, args,
                                                                   rule)])
     print_report(
@@ -215,15 +242,29 @@ def main():
         f"throughput (median step time of the last 75% of steps) / the sum of the workers' "
         f"standalone rates at B/2, the mean of that sum measured (in one 1-rank job of "
         f"interleaved phases) before and after the repeat's runs; 'standalone drift' is the "
-        f"second sum over the first, how far this machine's speed moved meanwhile. Rank 0's "
-        f"steady batch is its median over the second half of each phase; 'holds from' counts "
+        f"second sum over the first, how far this machine's speed moved meanwhile. Balance is "
+        f"the median over the windows of the last 75% of steps of B / (max_i t_i * sum_i "
+        f"b_i / t_i) with each rank's batch b_i and median busy time t_i: the share of the "
+        f"ranks' throughput at their batches the split uses, read within each window, so "
+        f"that the machine's drift from job to job, which the efficiency carries, cancels. "
+        f"Rank 0's steady batch is its median over the second half of each phase; 'holds "
+        f"from' counts "
         f"the adjustments after which rank 0's batch stays within {HOLDS:.0%} of B of it to "
         f"the phase's end. {args.repeats} repeat(s): real-rank cells list each run's figure "
         f"in order.",
         ["schedule", "ranks", "rule", "adjustments to settle", "to settle after the change",
          "moved per adjustment when settled", "median imbalance",
          "rank 0's steady batch, before / after", "holds from, before / after",
-         "standalone drift", "efficiency"], rows)
+         "standalone drift", "efficiency", "balance"], rows)
+    if pair_rows:
+        print()
+        print_report(
+            f"Each rule against the first listed, run by run (the runs of one repeat are "
+            f"paired): the mean difference in efficiency and in balance with its standard "
+            f"error over the {args.repeats} pairs, and in how many pairs the rule matched or "
+            f"beat the first. The efficiency carries the machine's drift from job "
+            f"to job; the balance, read within each window, does not.",
+            ["schedule", "model", "rules", "efficiency", "balance"], pair_rows)
     print()
     print_report(
         f"The same schedules in the cluster model (2 workers, 1000 samples/s over each factor, "

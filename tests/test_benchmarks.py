@@ -73,6 +73,24 @@ def test_settling_counts_the_adjustments_after_which_the_split_holds():
     assert figures[4:] == ["205/51", "1/2"]
 
 
+def test_settling_balance_is_the_step_time_the_ranks_throughputs_allow_over_the_slowest():
+    sys.path.insert(0, str(BENCHMARKS))
+    from settling import paired, windows
+
+    # Rank 0 runs 3 samples in 0.3 s (a stalled step aside), rank 1 one in 0.2: 15 samples/s
+    # between them would take a 4-sample step 0.2667 s, where the slowest rank took 0.3.
+    records = [{"step": k, "batch_sizes": [3, 1], "compute_times": [t, 0.2],
+                "update_times": [0.0, 0.0]} for k, t in enumerate([0.3, 0.3, 9.0])]
+    records += [{"step": 3 + k, "batch_sizes": [2, 2], "compute_times": [0.1, 0.1]}
+                for k in range(3)]
+    (split, imbalance, balance), (_, even, balanced) = windows(records, 3)
+    assert split == [3, 1] and imbalance == pytest.approx(1.5)
+    assert balance == pytest.approx(0.2667 / 0.3, rel=1e-3)
+    assert even == balanced == pytest.approx(1.0)
+    # The second rule lost 1 point in one pair and gained 3 in the other.
+    assert paired([0.90, 0.90], [0.89, 0.93]) == "+1.0% (+-2.0%), 1 of 2"
+
+
 def test_settling_keeps_each_jobs_records_under_a_name_that_says_which_job(tmp_path):
     sys.path.insert(0, str(BENCHMARKS))
     from settling import keep_records
