@@ -9,10 +9,11 @@ prints for each job:
 
 - whether every replayed split equals the recorded one (the rebuilt readings are what the
   controller saw only if they do);
-- rank 0's batch after the first and the second adjustment, less its steady batch (its
+- rank 0's batch after each of the first three adjustments, less its steady batch (its
   median over the second half of the first `--phase` steps): where the rule's moves landed;
-- for the "model" rule, the fixed cost it holds for each rank after its second adjustment,
-  in ms (after shrinkage, a negative fit as 0; nan for a rank with none fitted yet).
+- for the "model" rule, the fixed cost it holds for each rank after its third adjustment,
+  the first that can fit a line to readings given with errors, in ms (after shrinkage, a
+  negative fit as 0; nan for a rank with none fitted yet).
 
     python benchmarks/replay.py DIR_OR_FILE... [--untimed-steps 2] [--lag 0] [--phase 75]
         [--min-batch 2]
@@ -51,7 +52,7 @@ def readings(steps: list, adjust_every: int, global_batch: int, window: int,
 def replay(records: list, untimed: int, lag: int, min_batch: int) -> tuple:
     """The splits the controller decides from the rebuilt readings, those the job ran from the
     step each decision took effect (`lag` steps after the next one; None past the job's
-    end), and the fixed costs the "model" rule fitted at the second adjustment (None for
+    end), and the fixed costs the "model" rule fitted at the third adjustment (None for
     other rules)."""
     config = TrainConfig(**records[-1]["config"])
     steps = step_records(records)
@@ -63,7 +64,7 @@ def replay(records: list, untimed: int, lag: int, min_batch: int) -> tuple:
             steps, config.adjust_every, config.global_batch, config.timing_window, untimed)):
         replayed.append([int(b) for b in controller.update(split, times, errors)])
         recorded.append(ran.get((k + 1) * config.adjust_every + lag))
-        if k == 1 and controller.config.rule is Rule.MODEL:
+        if k == 2 and controller.config.rule is Rule.MODEL:
             fixed = controller.state.fixed.copy()
     return replayed, recorded, fixed
 
@@ -107,15 +108,17 @@ def main():
         steady = statistics.median(r["batch_sizes"][0]
                                    for r in steps[args.phase // 2:args.phase])
         rows.append([path.stem, "yes" if all(m == t for m, t in ran) else "no",
-                     f"{recorded[0][0] - steady:+g}", f"{recorded[1][0] - steady:+g}",
+                     *("-" if split is None else f"{split[0] - steady:+g}"
+                       for split in (recorded + [None] * 3)[:3]),
                      "-" if fixed is None else "/".join(f"{1e3 * a:.1f}" for a in fixed)])
     if not rows:
         sys.exit("none of the files could be replayed")
     print_report("Each job's adjustments replayed through the controller from its records: "
-                 "whether the replayed splits are the recorded ones, rank 0's batch after the "
-                 "first and second adjustment less its steady batch, and the fixed costs "
-                 "(ms) 'model' fitted at its second adjustment, per rank.",
-                 ["job", "replay matches", "first move", "second move", "fixed costs"], rows)
+                 "whether the replayed splits are the recorded ones, rank 0's batch after "
+                 "each of the first three adjustments less its steady batch, and the fixed "
+                 "costs (ms) 'model' holds after its third adjustment, per rank.",
+                 ["job", "replay matches", "first move", "second move", "third move",
+                  "fixed costs"], rows)
 
 
 if __name__ == "__main__":

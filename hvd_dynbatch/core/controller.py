@@ -114,8 +114,9 @@ ideal. "model" fits each worker's line and jumps to where the lines meet:
   readings ("p"'s split). With two workers nothing pulls a wild fit back (the prior is the
   two fits' own centre and spread), and the readings' errors do not see drift: after a swap
   of slowdowns a worker read 6.7 ms a sample at 235 samples and 10.1 ms at 107, the line
-  through the two claimed a fixed cost of 0.60 s, longer than the other worker's whole step,
-  and the split sent it to 1 sample where about 40 was balanced. In the cluster model (2
+  through the two (two readings then made a fit) claimed a fixed cost of 0.60 s, longer
+  than the other worker's whole step, and the split sent it to 1 sample where about 40 was
+  balanced. In the cluster model (2
   workers, slowdown 4 or 8 swapped mid-run, 5% noise, a speed drift of 0.15 a window, 100
   seeds) a worker fell to 3 samples or fewer in 3-21 seeds with fixed costs of 2 ms and
   0.1 s, in none with a floor at half, and settling did not suffer (within 3 adjustments
