@@ -77,8 +77,8 @@ ideal. "model" fits each worker's line and jumps to where the lines meet:
   other rank: in a 2-rank job the unslowed rank computed 0.68-0.81 ms a sample at the even
   split and 0.61-0.71 after the first move, and the emulated slow rank, sized from the
   window before, read 2.49 ms a sample at 128 and 3.08 at 59; the line through the two
-  claimed a fixed cost of 65 ms, and the split went from 197/59 to 219/37 where the job
-  held 204/52 from its 8th adjustment on. Over the first two exchanges of 72 such traced
+  claimed a fixed cost of 65 ms, and the split went from 197/59 to 219/37 where the job's
+  steady split was 204/52. Over the first two exchanges of 72 such traced
   jobs (cnn, 1,4 and 1,8), the line through two readings sent rank 0's batch more than 3
   samples past its steady one in 22 (up to 15); the proportional move from the same
   readings lands within 3 of it in 70 and more than 3 past it in none
