@@ -240,6 +240,11 @@ class ControllerConfig:
                                     f"got {getattr(self, name)}")
 
     @property
+    def forget(self) -> float:
+        """"model": the factor a reading's weight falls by per adjustment, 1 - 1/memory."""
+        return 1 - 1 / self.memory
+
+    @property
     def bounds(self) -> tuple:
         """(min_batch, max_batch) as floats, max_batch infinite when None."""
         return (float(self.min_batch),
@@ -493,7 +498,7 @@ class BatchController:
         # adjustment at 4096 workers (glibc maps arrays that large afresh each time).
         u = 1 / (t * t)
         ub = u * b
-        st.moments *= 1 - 1 / cfg.memory
+        st.moments *= cfg.forget
         for row, reading in zip(st.moments, (1.0, e * e, u, ub, u * t, ub * b, ub * t)):
             row += reading
         st.adjustments += 1
@@ -521,7 +526,7 @@ class BatchController:
         estimate, which costs it little: a normal spread cut at 1.5 times itself reads 0.85
         of itself, at 2.5 times 0.99, so the estimate climbs to the spread within a few
         adjustments."""
-        st, forget = self.state, 1 - 1 / self.config.memory
+        st, forget = self.state, self.config.forget
         misses = misses[np.isfinite(misses)]
         if misses.size < 2:
             return
@@ -566,13 +571,12 @@ class BatchController:
             var_b = np.maximum(sum_bb / precision - mean_b * mean_b, 0.0)
             slope = (sum_bt / precision - mean_b * mean_t) / var_b
             fixed = mean_t - slope * mean_b
-            # Two exact readings or more, three given with errors (see the module), each
-            # weighing `forget` times the one after it, whose batches spread enough for the
-            # fixed share f = fixed / mean_t the fit claims: a move to the equal-time point is
-            # 1 / (1 - f) times the proportional one, and so is the noise it carries, so a fit
-            # needs its batches spread by identify / (1 - f).
-            forget = 1 - 1 / cfg.memory
-            older = forget ** np.where(sum_ee > 0, 2, 1)
+            # Two exact readings or more, three given with errors (see the module), whose
+            # batches spread enough for the fixed share f = fixed / mean_t the fit claims: a
+            # move to the equal-time point is 1 / (1 - f) times the proportional one, and so
+            # is the noise it carries, so a fit needs its batches spread by identify / (1 - f).
+            # k readings weigh (1 - forget^k) memory; the bar is half way from k - 1 to k.
+            older = cfg.forget ** np.where(sum_ee > 0, 2, 1)
             fitted = (weight > (1 - older) * cfg.memory + older / 2) & (slope > 0)
             # A negative fixed cost is refitted as 0: the line through the origin.
             noise = np.maximum(sum_ee / weight, st.scatter ** 2)
