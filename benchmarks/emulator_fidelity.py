@@ -1,7 +1,9 @@
 """How close the emulated slowdown lands to the factor asked for.
 
 For each model, two measurements, `--repeats` rounds each; the table gives the median and the
-range over rounds:
+range over rounds, and the progress lines (stderr) each round's figure: alone, a round's
+factors share one reference, its phases at factor 1, and move together when that reference
+runs slow or fast:
 - alone: one worker (a 1-rank job, as the demo and `speedup.py` measure the standalone rates
   their ideal speedups come from, `standalone_records`) at factor 1 and at each factor, in
   interleaved phases of one job. A round's factor is its rate at factor 1 over its rate at
@@ -98,8 +100,9 @@ def main():
                 rows.append([" ".join(options[1::2]), batch, f, where, f"{median:.2f}",
                              f"{min(values):.2f}-{max(values):.2f}",
                              f"{median / float(f) - 1:+.0%}", f"{expected:.2f}", compute])
-                print(f"{rows[-1][0]} batch {batch}: factor {f} {where} measured {median:.2f}",
-                      file=sys.stderr)
+                rounds_seen = ", ".join(f"{v:.2f}" for v in values)
+                print(f"{rows[-1][0]} batch {batch}: factor {f} {where} measured {median:.2f}"
+                      f" (rounds in order: {rounds_seen})", file=sys.stderr)
     print_report(
         f"Emulated slowdown, {args.repeats} rounds, 1 thread per rank. Alone: one 1-rank job "
         f"per round whose factor cycles through 1, 1 again and the factors in phases of 10 "
