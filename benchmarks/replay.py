@@ -25,48 +25,51 @@ import statistics
 import sys
 from pathlib import Path
 
+import numpy as np
 from common import print_report
 
 from hvd_dynbatch.core.controller import BatchController, Rule
-from hvd_dynbatch.core.timing import WARMUP_STEPS, StepTimer
+from hvd_dynbatch.core.timing import WARMUP_STEPS, StepTimer, hold_steps
 from hvd_dynbatch.training.config import TrainConfig
 from hvd_dynbatch.training.metrics import busy_times, read_metrics, step_records
 
 
-def readings(steps: list, adjust_every: int, global_batch: int, window: int,
-             untimed: int) -> list:
-    """(split, smoothed times, errors) at each exchange, as every rank's timer read them."""
-    timers = [StepTimer(window, untimed) for _ in steps[0]["batch_sizes"]]
-    out = []
-    for record in steps:
-        split = record["batch_sizes"]
-        if sum(split) == global_batch:
-            for timer, seconds in zip(timers, busy_times(record)):
-                timer.time_at(split)
-                timer.record(seconds)
-        if (record["step"] + 1) % adjust_every == 0:
-            out.append((split, [t.smoothed for t in timers], [t.error for t in timers]))
-    return out
-
-
 def replay(records: list, untimed: int, lag: int, min_batch: int) -> tuple:
-    """The splits the controller decides from the rebuilt readings, those the job ran from the
-    step each decision took effect (`lag` steps after the next one; None past the job's
-    end), and the fixed costs the "model" rule fitted at the third adjustment (None for
-    other rules)."""
+    """The readings at each exchange, (split, every rank's smoothed time, their errors), as
+    the ranks' timers read them; the splits the controller decides from them; those the job
+    ran from the step each decision took effect (`lag` steps after the next one; None past
+    the job's end); and the fixed costs the "model" rule fitted at the third adjustment
+    (None for other rules). The exchanges come where the job's came: every `adjust_every`
+    steps, spaced out while the split holds (`core.timing.hold_steps`; runs whose config
+    has no `hold_seconds` predate it and had none)."""
     config = TrainConfig(**records[-1]["config"])
+    hold_seconds = records[-1]["config"].get("hold_seconds", 0.0)
     steps = step_records(records)
     controller = BatchController(config.controller_config(least_batch=min_batch))
     controller.initial_split(len(steps[0]["batch_sizes"]))
+    timers = [StepTimer(config.timing_window, untimed) for _ in steps[0]["batch_sizes"]]
     ran = {r["step"]: r["batch_sizes"] for r in steps}
-    replayed, recorded, fixed = [], [], None
-    for k, (split, times, errors) in enumerate(readings(
-            steps, config.adjust_every, config.global_batch, config.timing_window, untimed)):
-        replayed.append([int(b) for b in controller.update(split, times, errors)])
-        recorded.append(ran.get((k + 1) * config.adjust_every + lag))
-        if k == 2 and controller.config.rule is Rule.MODEL:
+    readings, replayed, recorded, fixed = [], [], [], None
+    quiet_until = 0
+    for record in steps:
+        split = record["batch_sizes"]
+        if sum(split) == config.global_batch:
+            for timer, seconds in zip(timers, busy_times(record)):
+                timer.time_at(split)
+                timer.record(seconds)
+        done = record["step"] + 1
+        if done % config.adjust_every or done < quiet_until:
+            continue
+        times, errors = [t.smoothed for t in timers], [t.error for t in timers]
+        readings.append((split, times, errors))
+        decided = [int(b) for b in controller.update(split, times, errors)]
+        replayed.append(decided)
+        recorded.append(ran.get(done + lag))
+        quiet_until = 0 if decided != split else done + hold_steps(
+            config.adjust_every, hold_seconds, float(np.max(times)))
+        if len(replayed) == 3 and controller.config.rule is Rule.MODEL:
             fixed = controller.state.fixed.copy()
-    return replayed, recorded, fixed
+    return readings, replayed, recorded, fixed
 
 
 def main():
@@ -102,8 +105,8 @@ def main():
         if len({len(r["batch_sizes"]) for r in steps}) != 1:
             print(f"{path}: the world size changed; not replayed", file=sys.stderr)
             continue
-        replayed, recorded, fixed = replay(records, args.untimed_steps, args.lag,
-                                           args.min_batch)
+        _, replayed, recorded, fixed = replay(records, args.untimed_steps, args.lag,
+                                              args.min_batch)
         ran = [(mine, theirs) for mine, theirs in zip(replayed, recorded) if theirs]
         steady = statistics.median(r["batch_sizes"][0]
                                    for r in steps[args.phase // 2:args.phase])

@@ -2,7 +2,8 @@
 
 Two ranks train with dynamic batching from an even split; the emulated slowdown moves from one
 rank to the other mid-run. For each adjustment window (the steps between two timing exchanges,
-over which the split is fixed) it takes each rank's median busy time (compute and update, what
+over which the split is fixed; the jobs run with `--hold-seconds 0`, so that each window of
+`--adjust-every` steps is one) it takes each rank's median busy time (compute and update, what
 the controller balances) and the imbalance max/min of those. It reports the adjustments needed
 to reach imbalance <= 1.10 from the start and after the change, and how much of the global
 batch changes hands per adjustment once settled, and the efficiency: the steady throughput over
@@ -202,7 +203,8 @@ def main():
                     records = run_training_job(2, [
                         *options, "--global-batch", str(args.global_batch),
                         *measuring_run(args.steps),
-                        "--adjust-every", str(args.adjust_every), "--batching", "dynamic",
+                        "--adjust-every", str(args.adjust_every), "--hold-seconds", "0",
+                        "--batching", "dynamic",
                         "--controller", rule.value, "--slowdown", schedule], timeout=3600)
                     jobs.append((rule, records))
                     if args.records:

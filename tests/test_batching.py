@@ -10,7 +10,7 @@ from torch.utils.data import TensorDataset
 from hvd_dynbatch.backend.comm import Communicator, LocalCommunicator
 from hvd_dynbatch.backend.weighting import LocalOptimizer
 from hvd_dynbatch.core.controller import ControllerConfig, Rule
-from hvd_dynbatch.core.timing import WARMUP_STEPS
+from hvd_dynbatch.core.timing import HOLD_FACTOR, WARMUP_STEPS, hold_steps
 from hvd_dynbatch.errors import DynBatchError
 from hvd_dynbatch.training.batching import DynamicBatching
 
@@ -230,3 +230,88 @@ def test_a_stop_asked_by_another_rank_is_known_here_at_the_next_exchange():
     assert not batching.stop_requested
     take(loader, batching, 1)
     assert batching.stop_requested
+
+
+class EvenPeer(Communicator):
+    """Rank 0 of 2, whose peer reports the same facts: the even split holds."""
+
+    rank, size, backend = 0, 2, "scripted"
+
+    def allgather(self, values):
+        mine = np.asarray(values, dtype=np.float64)
+        return np.vstack([mine, mine])
+
+
+def gather_steps(peer, batching) -> list:
+    """The list to which each of `peer`'s gathers adds the steps `batching` has done."""
+    steps, gather = [], peer.allgather
+    peer.allgather = lambda values: steps.append(batching.step) or gather(values)
+    return steps
+
+
+def test_while_the_split_holds_the_exchanges_are_spaced_out_and_nothing_is_lost():
+    """Steps of microseconds here, so a hold lasts HOLD_FACTOR x adjust_every steps. A stop
+    asked in a hold is heard at its end; a change of B decided from outside ends it; the
+    saved state carries it; every step's record arrives."""
+    peer = EvenPeer()
+    batching = DynamicBatching(DATA, 64, peer, adjust_every=2, untimed_steps=0,
+                               controller=ControllerConfig(64, rule=Rule.P))
+    gathers = gather_steps(peer, batching)
+    hold = HOLD_FACTOR * 2
+    loader = batching.loader()
+    take(loader, batching, 2 + hold + 1)
+    assert gathers == [2, 2 + hold]   # steps done at each gather
+    assert batching.state_dict()["quiet_until"] == 2 + 2 * hold
+    batching.request_stop()
+    take(loader, batching, hold - 2)
+    assert not batching.stop_requested
+    take(loader, batching, 1)
+    assert batching.stop_requested and batching.step == 2 + 2 * hold
+    batching.set_global_batch(32, at_step=batching.step + 3)
+    take(loader, batching, 4)
+    assert gathers[-2:] == [2 + 2 * hold, 2 + 2 * hold + 4]
+    assert batching.global_batch == 32
+    assert [r.step for r in batching.take_records()] == list(range(batching.step))
+
+    resumed = DynamicBatching(DATA, 64, EvenPeer(), adjust_every=2)
+    resumed.load_state_dict(batching.state_dict())
+    assert resumed.state_dict()["quiet_until"] == batching.state_dict()["quiet_until"]
+
+
+def test_without_a_hold_the_exchanges_come_every_adjust_every_steps():
+    peer = EvenPeer()
+    batching = DynamicBatching(DATA, 64, peer, adjust_every=2, untimed_steps=0,
+                               hold_seconds=0.0, controller=ControllerConfig(64, rule=Rule.P))
+    gathers = gather_steps(peer, batching)
+    take(batching.loader(), batching, 12)
+    assert gathers == [2, 4, 6, 8, 10, 12]
+
+
+def test_a_hold_keeps_the_exchanges_the_caller_makes_every_sync_every_steps():
+    """An elastic job commits every `sync_every` steps, after an exchange of its own."""
+    peer = EvenPeer()
+    batching = DynamicBatching(DATA, 64, peer, adjust_every=2, untimed_steps=0, sync_every=3,
+                               controller=ControllerConfig(64, rule=Rule.P))
+    gathers = gather_steps(peer, batching)
+    take(batching.loader(), batching, 12)
+    # The first holds to step 10, and each sync exchange holds again: 3 to 11, 6 to 14 ...
+    assert gathers == [2, 3, 6, 9, 12]
+    with pytest.raises(DynBatchError, match="sync_every"):
+        DynamicBatching(DATA, 64, peer, sync_every=-1)
+
+
+@pytest.mark.parametrize("step_seconds, steps", [
+    (0.011, 20),         # 23 steps make 0.25 s: capped at 4 x 5
+    (0.03, 9),           # 9 steps make 0.25 s
+    (0.06, 5),           # 5 steps take longer than 0.25 s: the usual cadence
+    (float("nan"), 5),   # no step timed
+    (0.0, 5),
+])
+def test_a_hold_lasts_hold_seconds_of_steps_within_its_bounds(step_seconds, steps):
+    assert hold_steps(5, 0.25, step_seconds) == steps
+    assert hold_steps(5, 0.0, step_seconds) == 5
+
+
+def test_a_bad_hold_is_refused():
+    with pytest.raises(DynBatchError, match="hold_seconds"):
+        DynamicBatching(DATA, 64, LocalCommunicator(), hold_seconds=-1.0)

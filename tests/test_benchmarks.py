@@ -109,7 +109,7 @@ def test_replay_rebuilds_the_readings_the_controller_saw_and_tells_a_split_it_di
     the `p` rule moves the even split to 205/51; a replay that timed steps 0-4 would not,
     and a job that ran another split is told."""
     sys.path.insert(0, str(BENCHMARKS))
-    from replay import readings, replay
+    from replay import replay
     from hvd_dynbatch.training.config import TrainConfig
 
     def step(k, split):
@@ -120,13 +120,33 @@ def test_replay_rebuilds_the_readings_the_controller_saw_and_tells_a_split_it_di
     config = {k: getattr(v, "value", v) for k, v in dataclasses.asdict(
         TrainConfig(global_batch=256, controller="p", max_steps=10)).items()}
     ran = [step(k, (128, 128)) for k in range(5)] + [step(k, (205, 51)) for k in range(5, 10)]
-    first, second = readings(ran, 5, 256, 5, untimed=2)
+    (first, second), replayed, recorded, fixed = replay([*ran, {"config": config}], 2, lag=0,
+                                                        min_batch=2)
     assert first[0] == [128, 128] and first[1] == [pytest.approx(0.128), pytest.approx(0.512)]
     assert second[1] == [pytest.approx(0.205), pytest.approx(0.204)]  # timed afresh
-    replayed, recorded, fixed = replay([*ran, {"config": config}], 2, lag=0, min_batch=2)
     assert replayed[0] == [205, 51] == recorded[0] and recorded[1] is None and fixed is None
     other = [step(k, (128, 128)) for k in range(10)]
-    replayed, recorded, _ = replay([*other, {"config": config}], 2, lag=0, min_batch=2)
+    _, replayed, recorded, _ = replay([*other, {"config": config}], 2, lag=0, min_batch=2)
     assert replayed[0] != recorded[0]
-    replayed, recorded, _ = replay([*ran, {"config": config}], 0, lag=0, min_batch=2)
+    _, replayed, recorded, _ = replay([*ran, {"config": config}], 0, lag=0, min_batch=2)
     assert replayed[0] != [205, 51]
+
+
+def test_replay_exchanges_where_the_job_did_while_the_split_held():
+    """10 ms steps whose even split holds: with `hold_seconds` 0.25 in the run's config the
+    exchanges after the first come every 20 steps (hold_steps), without it (a run from
+    before holds) every 5."""
+    sys.path.insert(0, str(BENCHMARKS))
+    from replay import replay
+    from hvd_dynbatch.training.config import TrainConfig
+
+    config = {k: getattr(v, "value", v) for k, v in dataclasses.asdict(
+        TrainConfig(global_batch=256, controller="p", max_steps=50)).items()}
+    ran = [{"step": k, "batch_sizes": [128, 128], "update_times": [0.0, 0.0],
+            "compute_times": [0.01, 0.01]} for k in range(50)]
+    readings, replayed, _, _ = replay([*ran, {"config": config}], 2, lag=0, min_batch=2)
+    assert config["hold_seconds"] == 0.25 and len(readings) == 3  # after steps 5, 25, 45
+    assert replayed == [[128, 128]] * 3
+    del config["hold_seconds"]
+    readings, _, _, _ = replay([*ran, {"config": config}], 2, lag=0, min_batch=2)
+    assert len(readings) == 10

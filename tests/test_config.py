@@ -45,6 +45,8 @@ def test_gains_reach_the_controller_and_the_window_rule():
     ({"window_gain": 2.0}, "--window-gain) must be in (0, 1], got 2.0"),
     ({"epochs": 0}, "--epochs must be positive, got 0"),
     ({"max_steps": 0}, "--max-steps must be positive, got 0"),
+    ({"hold_seconds": -1.0}, "--hold-seconds must be a number of seconds >= 0, got -1.0"),
+    ({"hold_seconds": float("nan")}, "--hold-seconds must be a number of seconds >= 0"),
 ])
 def test_bad_settings_name_the_option(options, text):
     with pytest.raises(DynBatchError) as error:

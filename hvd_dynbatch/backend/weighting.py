@@ -138,7 +138,7 @@ class _BatchWeighted:
     def step(self, closure=None):
         """Horovod's step (which waits for the allreduce) with the reduced gradients screened
         (see the module docstring), then, with a `DynamicBatching`, its `step_done()`: a
-        collective every `adjust_every` steps."""
+        collective at the steps an exchange is due."""
         # Horovod's step synchronizes unless inside skip_synchronize() or already done; the
         # screen goes between the two, so synchronize here as Horovod's step would.
         if self._should_synchronize and not self._synchronized:

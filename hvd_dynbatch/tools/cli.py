@@ -99,6 +99,8 @@ def _configured(*decls, **kwargs):
              help="pid: fraction of the way to the balanced split moved per adjustment.")
 @_configured("--integral-gain", help="pid: weight of the accumulated same-sign error.")
 @_configured("--adjust-every", help="Steps between timing exchanges (and split adjustments).")
+@_configured("--hold-seconds", help="While the split holds: seconds of steps between timing "
+                                    "exchanges, up to 4 x --adjust-every steps (0: none).")
 @_configured("--min-batch", help="Smallest batch of one rank.")
 @_configured("--max-batch", type=int, help="Largest batch of one rank (a memory cap).")
 @_configured("--initial-split", callback=_int_list, help="First split, e.g. 16,48.")

@@ -32,7 +32,10 @@ What happens in one step on rank i:
    fits as such.
 4. Every `adjust_every` steps the ranks all-gather each step's (batch, compute time, update
    time, loss) and their smoothed busy times with their errors; the controller computes the
-   next split from them, the same on every rank, so no broadcast is needed. The gather starts
+   next split from them, the same on every rank, so no broadcast is needed. While the split
+   holds (the controller kept it), the next exchange waits for `hold_seconds` of steps, up to
+   4 times `adjust_every` (`core.timing.hold_steps`): on fast steps the exchange and the
+   controller cost 1-3% of the training time every 5 steps. The gather starts
    when the exchange step's compute ends, before the optimizer waits for the gradients:
    one more small collective beside the gradients' allreduce, not a round of its own after
    it (at 20 ms steps an all-gather of its own took 2-3% of the training time under Gloo and
@@ -62,7 +65,7 @@ from torch.utils.data import DataLoader
 from ..backend.comm import Communicator
 from ..core.controller import BatchController, ControllerConfig, ControllerState
 from ..core.sampler import StepPlan, VariableBatchSampler
-from ..core.timing import WARMUP_STEPS, StepTimer
+from ..core.timing import HOLD_SECONDS, WARMUP_STEPS, StepTimer, hold_steps
 from ..errors import DynBatchError
 
 # Each step's facts in the exchange: batch, compute seconds, update seconds, loss.
@@ -174,7 +177,12 @@ class DynamicBatching:
     of its timing. The first `untimed_steps` steps it would time are left out too: a
     process's first steps run slowly (`core.timing.StepTimer`); raise it for a longer warm-up,
     such as `torch.compile`'s. A window with no timed step reports no time, and the split
-    stays.
+    stays. While the split holds, exchanges come every `hold_seconds` of steps (at the
+    slowest rank's smoothed busy time) rather than every `adjust_every` steps, up to 4 times
+    as far apart (`core.timing.hold_steps`); 0 keeps them every `adjust_every` steps. A
+    caller that calls `exchange()` itself every `sync_every` steps too (an elastic job's
+    commits) says so, and those exchanges come as the scheduled ones do: their gathers start
+    beside the gradients' allreduce, where one of their own waits for Horovod's next cycle.
 
     Building it is local; `step_done()` and `exchange()` are collectives: every rank calls
     them at the same steps (which the training loop's shape already ensures).
@@ -185,7 +193,8 @@ class DynamicBatching:
                  adjust_every: int = 5, timing_window: int = 5, seed: int = 0,
                  least_batch: int = 1, empty_slices: bool = False, lag: Optional[int] = None,
                  initial_split: Optional[Sequence[int]] = None, autotuning: bool = False,
-                 untimed_steps: int = WARMUP_STEPS):
+                 untimed_steps: int = WARMUP_STEPS, hold_seconds: float = HOLD_SECONDS,
+                 sync_every: int = 0):
         if comm is None:
             from ..backend.comm import for_horovod
 
@@ -196,7 +205,13 @@ class DynamicBatching:
             raise DynBatchError(f"the lag must not be negative, got {lag}")
         if untimed_steps < 0:
             raise DynBatchError(f"untimed_steps must not be negative, got {untimed_steps}")
+        if not 0 <= hold_seconds < math.inf:
+            raise DynBatchError(f"hold_seconds must be a number of seconds >= 0, got "
+                                f"{hold_seconds}")
+        if sync_every < 0:
+            raise DynBatchError(f"sync_every must not be negative, got {sync_every}")
         self.dataset, self.adaptive, self.adjust_every = dataset, adaptive, adjust_every
+        self.hold_seconds, self.sync_every = hold_seconds, sync_every
         self.lag = lag
         self._template = dataclasses.replace(controller or ControllerConfig(global_batch),
                                              global_batch=global_batch)
@@ -224,6 +239,7 @@ class DynamicBatching:
         self._reduced_at = None          # when the handed-out step's allreduce returned
         self._loss = math.nan
         self._exchange = StepExchange()
+        self._quiet_until = 0            # no scheduled exchange before this step (a hold)
         self._records = []
         self._lag_checked = False
 
@@ -245,7 +261,8 @@ class DynamicBatching:
 
     def request_stop(self) -> None:
         """Ask every rank to stop: `stop_requested` turns true everywhere at the next
-        exchange (within `adjust_every` steps). Local; safe in a signal handler."""
+        exchange (within `adjust_every` steps, or `hold_seconds` while the split holds).
+        Local; safe in a signal handler."""
         self._exchange.request_stop()
 
     @property
@@ -375,7 +392,7 @@ class DynamicBatching:
                 self._tuned.add(mine)
         self._exchange.add(step, plan.epoch, plan.sizes[self.rank], self._compute, self._loss,
                            self.last_update_seconds)
-        if (step + 1) % self.adjust_every == 0:
+        if self._exchange_due(step + 1):
             self._exchange.start(self.comm, self._head())
 
     def gradients_reduced(self) -> None:
@@ -394,7 +411,7 @@ class DynamicBatching:
         self._loss = float(loss)
 
     def step_done(self) -> None:
-        """Close the step handed out; every `adjust_every` steps, `exchange()`.
+        """Close the step handed out; at the steps an exchange is due, `exchange()`.
 
         Collective (through `exchange`): every rank calls it once per step. The optimizer
         returned by `DistributedOptimizer(..., batching=self)` calls it at the end of `step()`.
@@ -409,8 +426,15 @@ class DynamicBatching:
         self.last_update_seconds = 0.0 if self._reduced_at is None else now - self._reduced_at
         self.clock += self.last_step_seconds
         self._current, self._position, self.step = None, after, step + 1
-        if self.step % self.adjust_every == 0:
+        if self._exchange_due(self.step):
             self.exchange()
+
+    def _exchange_due(self, steps_done: int) -> bool:
+        """Whether an exchange follows the step that makes `steps_done` steps: every
+        `adjust_every` steps, but none before a hold ends, and every `sync_every` steps."""
+        if self.sync_every and steps_done % self.sync_every == 0:
+            return True
+        return steps_done % self.adjust_every == 0 and steps_done >= self._quiet_until
 
     def exchange(self) -> List[StepRecord]:
         """Gather the facts of the steps since the last exchange; let the controller act.
@@ -432,7 +456,14 @@ class DynamicBatching:
             if record.global_batch == batch:
                 self.last_full_split = record.batch_sizes
         self._records.extend(records)
-        self._control(heads[:, 1], heads[:, 2])
+        smoothed = heads[:, 1]
+        if self._control(smoothed, heads[:, 2]):
+            hold = hold_steps(self.adjust_every, self.hold_seconds, float(smoothed.max()))
+            # A hold ends where a split decided from outside (`set_global_batch`) starts.
+            self._quiet_until = min([self.step + hold]
+                                    + [first for first, _ in self._splits if first > self.step])
+        else:
+            self._quiet_until = 0
         self._forget_past_splits()
         elapsed = time.perf_counter() - started
         self.exchange_seconds += elapsed
@@ -451,28 +482,35 @@ class DynamicBatching:
                                 f"give every rank the same loader options")
         self._lag_checked = True
 
-    def _control(self, smoothed: np.ndarray, errors: np.ndarray) -> None:
+    def _control(self, smoothed: np.ndarray, errors: np.ndarray) -> bool:
         """The controller's turn: a new split from the gathered smoothed times and their
         errors, taking effect `lag` steps from now. None while a split decided or scheduled
-        earlier is due by then, or before the split in force has been timed."""
+        earlier is due by then, or before the split in force has been timed. Returns whether
+        the split holds: the controller kept it, or static batching never moves it."""
         effective = self.step + (self.lag or 0)
-        if not self.adaptive or any(self.step < s <= effective for s, _ in self._splits):
-            return
+        if not self.adaptive:
+            return True
+        if any(self.step < s <= effective for s, _ in self._splits):
+            return False
         current = self.split_at(self.step)
         if current != self.timer.split:
-            return
+            return False
         if sum(current) != self.controller.config.global_batch:
             self.controller = self._controller_for(sum(current))
         split = tuple(int(b) for b in self.controller.update(current, smoothed, errors))
-        if split != current:
-            self._decide(effective, split)
+        if split == current:
+            return True
+        self._decide(effective, split)
+        return False
 
     def _decide(self, first_step: int, split: Sequence[int]) -> None:
-        """Let `split` be in force from `first_step` until the next change already decided."""
+        """Let `split` be in force from `first_step` until the next change already decided;
+        a hold of the exchanges ends there."""
         if first_step < self._planned:
             raise DynBatchError(f"a split for step {first_step} came after the loader planned "
                                 f"up to step {self._planned - 1}: the lag ({self.lag}) is "
                                 f"shorter than the loader's prefetch")
+        self._quiet_until = min(self._quiet_until, first_step)
         self._splits = sorted([(s, sp) for s, sp in self._splits if s != first_step]
                               + [(first_step, tuple(int(b) for b in split))])
 
@@ -529,6 +567,7 @@ class DynamicBatching:
         self._current, self._planned = None, self.step
         self.forget_uncommitted()
         self.last_full_split = None
+        self._quiet_until = 0
         if split is not None:
             self._splits = [(self.step, tuple(int(b) for b in split))]
             return self._splits[0][1]
@@ -545,13 +584,15 @@ class DynamicBatching:
 
     def state_dict(self) -> dict:
         """Plain values: the step, the position of the next step to train, the splits in
-        force and decided, the controller's state. Local: no communication."""
+        force and decided, the controller's state, the step a hold of the exchanges ends.
+        Local: no communication."""
         later = [[s, list(sp)] for s, sp in self._splits if s > self.step]
         return {"step": self.step, "position": dict(self._position),
                 "splits": [[self.step, list(self.split)], *later],
                 "controller": self.controller.state.state_dict(),
                 "samples": self.samples, "clock": self.clock,
-                "exchange_seconds": self.exchange_seconds, "world_size": self.size}
+                "exchange_seconds": self.exchange_seconds, "world_size": self.size,
+                "quiet_until": self._quiet_until}
 
     def load_state_dict(self, state: dict, global_batch: Optional[int] = None) -> None:
         """Adopt a state saved by `state_dict`, going on with `global_batch` (default: the
@@ -568,6 +609,7 @@ class DynamicBatching:
             self.rebind(self.comm, global_batch=global_batch or saved_batch)
             return
         self._splits = splits
+        self._quiet_until = int(state.get("quiet_until", 0))
         self.controller = self._controller_for(
             saved_batch, ControllerState.from_state_dict(state["controller"]))
         self._plans.clear()

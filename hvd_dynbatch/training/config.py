@@ -17,6 +17,7 @@ from ..core.abs_sgd import WindowRule
 from ..core.controller import BatchController, ControllerConfig, Rule
 from ..core.heterogeneity import Slowdown
 from ..core.lr import RULES, BaseSchedule
+from ..core.timing import HOLD_SECONDS
 from ..errors import DynBatchError
 
 
@@ -101,6 +102,7 @@ class TrainConfig:
     controller_gain: float = ControllerConfig.gain
     integral_gain: float = ControllerConfig.integral_gain
     adjust_every: int = 5
+    hold_seconds: float = HOLD_SECONDS
     min_batch: int = 1
     max_batch: Optional[int] = None
     initial_split: Optional[Sequence[int]] = None
@@ -176,6 +178,9 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise DynBatchError(f"--{name.replace('_', '-')} must be positive, "
                                     f"got {getattr(self, name)}")
+        if not 0 <= self.hold_seconds < math.inf:
+            raise DynBatchError(f"--hold-seconds must be a number of seconds >= 0, got "
+                                f"{self.hold_seconds}")
         if self.loader_workers < 0:
             raise DynBatchError(f"--loader-workers must not be negative, got {self.loader_workers}")
         for name in ("epochs", "max_steps", "max_batch"):

@@ -5,8 +5,8 @@ Each step trains this rank's slice of a planned split of the global batch, fed b
 gradient weighted by b_i / B, a sleep after backward if heterogeneity is emulated (for the
 compute and the update before it), and the optimizer step where Horovod's allreduce completes.
 Under `--amp fp16` the loss is scaled before backward and the optimizer unscales after the
-allreduce. `DynamicBatching` owns the rest: timing, the exchange every `adjust_every` steps,
-the controller.
+allreduce. `DynamicBatching` owns the rest: timing, the exchange every `adjust_every` steps
+(spaced out while the split holds), the controller.
 
 A peer of `abs_windows.ABSWindows`; `trainer.Trainer` drives either through the same calls.
 """
@@ -35,7 +35,9 @@ class SynchronousSteps:
             SplitDataset(data.train), cfg.global_batch, comm,
             adaptive=cfg.batching is Batching.DYNAMIC,
             controller=cfg.controller_config(least_batch=least_batch),
-            adjust_every=cfg.adjust_every, timing_window=cfg.timing_window, seed=cfg.seed,
+            adjust_every=cfg.adjust_every, hold_seconds=cfg.hold_seconds,
+            sync_every=cfg.commit_every if cfg.elastic else 0,
+            timing_window=cfg.timing_window, seed=cfg.seed,
             least_batch=least_batch, empty_slices=True,
             autotuning=cfg.cudnn_benchmark and on_gpu)
         workers = cfg.loader_workers
@@ -119,7 +121,7 @@ class SynchronousSteps:
     def train_step(self, lr: float, emulator, sample_log, generation: int) -> dict:
         """Train one step; returns what rank 0's metrics record of it besides the exchange.
 
-        Collective: the allreduce, and every `adjust_every` steps the exchange.
+        Collective: the allreduce, and at the steps one is due the exchange.
         """
         x, y, skipped = self._next_batch()
         x, y = to_device((x, y), self.device, self.cfg.channels_last)
