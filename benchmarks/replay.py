@@ -29,7 +29,7 @@ import numpy as np
 from common import print_report
 
 from hvd_dynbatch.core.controller import BatchController, Rule
-from hvd_dynbatch.core.timing import WARMUP_STEPS, StepTimer, hold_steps
+from hvd_dynbatch.core.timing import WARMUP_STEPS, StepTimer, exchange_due, hold_steps
 from hvd_dynbatch.training.config import TrainConfig
 from hvd_dynbatch.training.metrics import busy_times, read_metrics, step_records
 
@@ -39,11 +39,13 @@ def replay(records: list, untimed: int, lag: int, min_batch: int) -> tuple:
     the ranks' timers read them; the splits the controller decides from them; those the job
     ran from the step each decision took effect (`lag` steps after the next one; None past
     the job's end); and the fixed costs the "model" rule fitted at the third adjustment
-    (None for other rules). The exchanges come where the job's came: every `adjust_every`
-    steps, spaced out while the split holds (`core.timing.hold_steps`; runs whose config
-    has no `hold_seconds` predate it and had none)."""
+    (None for other rules). The exchanges come where the job's came
+    (`core.timing.exchange_due`): every `adjust_every` steps, spaced out while the split
+    holds (`hold_steps`; runs whose config has no `hold_seconds` predate it and had none),
+    and an elastic job's at each commit."""
     config = TrainConfig(**records[-1]["config"])
     hold_seconds = records[-1]["config"].get("hold_seconds", 0.0)
+    sync_every = config.commit_every if config.elastic else 0
     steps = step_records(records)
     controller = BatchController(config.controller_config(least_batch=min_batch))
     controller.initial_split(len(steps[0]["batch_sizes"]))
@@ -58,7 +60,7 @@ def replay(records: list, untimed: int, lag: int, min_batch: int) -> tuple:
                 timer.time_at(split)
                 timer.record(seconds)
         done = record["step"] + 1
-        if done % config.adjust_every or done < quiet_until:
+        if not exchange_due(done, config.adjust_every, quiet_until, sync_every):
             continue
         times, errors = [t.smoothed for t in timers], [t.error for t in timers]
         readings.append((split, times, errors))

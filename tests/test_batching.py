@@ -10,7 +10,7 @@ from torch.utils.data import TensorDataset
 from hvd_dynbatch.backend.comm import Communicator, LocalCommunicator
 from hvd_dynbatch.backend.weighting import LocalOptimizer
 from hvd_dynbatch.core.controller import ControllerConfig, Rule
-from hvd_dynbatch.core.timing import HOLD_FACTOR, WARMUP_STEPS, hold_steps
+from hvd_dynbatch.core.timing import HOLD_FACTOR, WARMUP_STEPS, exchange_due, hold_steps
 from hvd_dynbatch.errors import DynBatchError
 from hvd_dynbatch.training.batching import DynamicBatching
 
@@ -310,6 +310,12 @@ def test_a_hold_keeps_the_exchanges_the_caller_makes_every_sync_every_steps():
 def test_a_hold_lasts_hold_seconds_of_steps_within_its_bounds(step_seconds, steps):
     assert hold_steps(5, 0.25, step_seconds) == steps
     assert hold_steps(5, 0.0, step_seconds) == 5
+
+
+def test_an_exchange_is_due_every_adjust_every_steps_after_a_hold_and_at_each_sync():
+    due = [n for n in range(1, 31) if exchange_due(n, 5, quiet_until=17, sync_every=8)]
+    assert due == [8, 16, 20, 24, 25, 30]
+    assert [n for n in range(1, 13) if exchange_due(n, 4)] == [4, 8, 12]
 
 
 def test_a_bad_hold_is_refused():

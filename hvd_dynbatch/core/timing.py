@@ -36,6 +36,16 @@ def hold_steps(adjust_every: int, hold_seconds: float, step_seconds: float) -> i
     return max(math.ceil(min(hold_seconds / step_seconds, most)), adjust_every)
 
 
+def exchange_due(steps_done: int, adjust_every: int, quiet_until: int = 0,
+                 sync_every: int = 0) -> bool:
+    """Whether a timing exchange follows the step that makes `steps_done` steps: every
+    `adjust_every` steps but none before a hold ends at step `quiet_until` (`hold_steps`),
+    and every `sync_every` steps whatever the hold (0: never), where a caller exchanges on a
+    cadence of its own (an elastic job's commits)."""
+    if sync_every and steps_done % sync_every == 0:
+        return True
+    return steps_done % adjust_every == 0 and steps_done >= quiet_until
+
 def median_error(samples, axis: int = 0):
     """The standard error of the median of `samples` along `axis`, as a fraction of it.
 

@@ -65,7 +65,7 @@ from torch.utils.data import DataLoader
 from ..backend.comm import Communicator
 from ..core.controller import BatchController, ControllerConfig, ControllerState
 from ..core.sampler import StepPlan, VariableBatchSampler
-from ..core.timing import HOLD_SECONDS, WARMUP_STEPS, StepTimer, hold_steps
+from ..core.timing import HOLD_SECONDS, WARMUP_STEPS, StepTimer, exchange_due, hold_steps
 from ..errors import DynBatchError
 
 # Each step's facts in the exchange: batch, compute seconds, update seconds, loss.
@@ -430,11 +430,9 @@ class DynamicBatching:
             self.exchange()
 
     def _exchange_due(self, steps_done: int) -> bool:
-        """Whether an exchange follows the step that makes `steps_done` steps: every
-        `adjust_every` steps, but none before a hold ends, and every `sync_every` steps."""
-        if self.sync_every and steps_done % self.sync_every == 0:
-            return True
-        return steps_done % self.adjust_every == 0 and steps_done >= self._quiet_until
+        """Whether an exchange follows the step that makes `steps_done` steps
+        (`core.timing.exchange_due`)."""
+        return exchange_due(steps_done, self.adjust_every, self._quiet_until, self.sync_every)
 
     def exchange(self) -> List[StepRecord]:
         """Gather the facts of the steps since the last exchange; let the controller act.
