@@ -2,140 +2,87 @@
 
 Pure numpy and deterministic: every rank feeds it the same all-gathered (batch size, time)
 pairs and computes the same split, so no broadcast is needed, and the simulator drives this
-very code.
+very code. The measurements behind the choices below are in `benchmarks/RESULTS.md`
+("Fixed step costs" and "Settling").
 
-The rule (Tyagi & Sharma 2020, "Taming Resource Heterogeneity In Distributed ML Training With
+Rule "p" (Tyagi & Sharma 2020, "Taming Resource Heterogeneity In Distributed ML Training With
 Dynamic Batching", Sec. 3): worker i processed b_i samples in t_i seconds, so its throughput is
 r_i = b_i / t_i, and all workers finish together when b_i is proportional to r_i:
 
-    b_i' = B * r_i / sum_j r_j                                  (rule "p")
+    b_i' = B * r_i / sum_j r_j
 
-The refined rule ("pid") treats the proportional target as the set-point of a
-controller acting on a continuous allocation y (floats summing to B; the integer split is y
-rounded), with ideas from PID control:
+Rule "pid" takes that target as the set-point of a controller acting on a continuous
+allocation y (floats summing to B; the integer split is y rounded):
 
 * filtered rates: each worker's rate is the running mean of its last `memory` readings, so
-  with many workers the target is not set by whichever readings the noise made extreme (at
-  1024 workers and 5% noise, the unfiltered split keeps a noise-free max/min of about 1.4);
-  a reading more than `change_threshold` off the estimate restarts that worker's mean, because
-  its speed really changed and old readings would only slow the response;
-* gain scheduling and damping: while the imbalance predicted from the filtered rates,
-  max(b_i / r_i) / min(b_i / r_i) - 1, is above `fast_threshold` (a real change of speed) y
-  jumps to the target as in "p"; below it y moves only a fraction `gain` of the way, so what
-  noise is left is filtered rather than chased and the split does not oscillate;
-* integral: below `fast_threshold`, each worker's error (target - y, in samples) is
-  accumulated while it keeps its sign and reset when the sign flips or a fast step is taken
-  (anti-windup), and `integral_gain` times it is added, so an error that persists under
-  damping is removed in a few adjustments while noise, whose sign flips, does not build up;
-* dead-band: nothing changes while the predicted imbalance is below `deadband`;
-* a step limit: one adjustment moves a worker's batch by at most `max_change * B` samples, so
-  one bad reading cannot wreck the split;
-* bounds: every worker's batch stays within [min_batch, max_batch] (a memory cap), and the
-  global batch B is conserved exactly by largest-remainder rounding.
+  with many workers the split is not set by the readings noise made extreme (1024 workers,
+  5% noise: unfiltered, a noise-free max/min of about 1.4); a reading more than
+  `change_threshold` off the mean restarts it, as the worker's speed really changed;
+* gain scheduling: while the predicted imbalance max(b_i / r_i) / min(b_i / r_i) - 1 is above
+  `fast_threshold` y jumps to the target; below it y moves a fraction `gain` of the way, so
+  noise is filtered rather than chased;
+* integral: below `fast_threshold` each worker's error (target - y, in samples) accumulates
+  while it keeps its sign and restarts when the sign flips (anti-windup); `integral_gain`
+  times it is added, so an error that persists under damping goes while noise does not
+  build up.
 
-The model rule ("model", the default) is for steps with fixed costs, and without them it
-does as well as "pid" (`benchmarks/RESULTS.md`, "Fixed step costs"). Both rules above assume
-a worker's time is proportional to its batch, t = b / r. Real steps are not: kernel
-launches, the optimizer step, the tail of the allreduce and data handling cost time at any
-batch size, so t_i(b) = a_i + c_i b. The proportional split still has the equal-time point
-as its fixed point (b_i proportional to b_i / (a_i + c_i b_i) holds exactly when every
-a_i + c_i b_i is the same), but it only creeps there: in the cluster model with fixed costs
-of 0.2 s and a spread of 8, "pid" needed 20 adjustments at 64 workers to hold 95% of the
-ideal. "model" fits each worker's line and jumps to where the lines meet:
+Rule "model" (the default) is for steps with fixed costs. Kernel launches, the optimizer
+step, the tail of the allreduce and data handling cost time at any batch size, so
+t_i(b) = a_i + c_i b. The proportional split still has the equal-time point as its fixed
+point but only creeps there (fixed costs of 0.2 s, a spread of 8, 64 workers: "pid" took 20
+adjustments to hold 95% of the ideal). "model" fits each worker's line and jumps to where the
+lines meet: the T with
 
-* each worker's readings (b, t) give a_i and c_i by least squares, the older ones weighing
-  less (by 1 - 1/`memory` per adjustment) and each by 1 / t^2: a reading's noise is a share
-  of its time, and unweighted, one reading at 64 samples counted for as much as eight at 22
-  and, 5% fast, kept that worker at 22 samples for an ideal of 21.0, the slowest of the job
-  (the cluster model, 1024 workers, no fixed cost). With a_i < 0 the line is refitted
-  through the origin. A fit claiming the fixed share f = a_i / mean(t) counts once the
-  batches spread by a standard deviation of at least `identify` / (1 - f) of their mean:
-  the move to where the lines meet is 1 / (1 - f) times the proportional rule's, and so is
-  the noise of the readings it carries (in the cluster model with 5% noise, two readings 8%
-  apart claimed f = 0.95 and sent a worker to twice its ideal batch). A worker whose
-  batches do not spread enough (at the even split it starts from, or long settled) keeps
-  the fixed cost of its last fit, its slope taken from its mean reading; a worker never
-  fitted is proportional (a_i = 0), so the rule starts as "p" does;
-* a fit's fixed cost is weighed against the noise of its readings, before the checks above,
-  which see the weighed one. Given each time's relative standard error e (`update(...,
-  errors)`: the spread of the steps it is the median of), a fit from readings of weights w
-  (U = sum w / t^2; means and variance weighted by w / t^2) has
-  var(a_i) = e^2 mean(b^2) / (U var(b)), least squares' variance of an intercept; from two
-  readings a few per cent apart that is larger than the fixed cost itself. The fixed costs
-  of the fitted workers then serve as a prior (empirical Bayes): its centre m is their
-  median, its variance s^2 the square of their spread (1.4826 times the median absolute
-  deviation) less the median var(a_i), what the fixed costs differ by once the noise is
-  taken out. Each a_i is replaced by its posterior mean (a_i s^2 + m var(a_i)) /
-  (s^2 + var(a_i)) and the slope refitted with the fixed cost held. In the cluster model
-  with 5% noise at 256 workers, the split after the second reading held 94.8% of the ideal
-  where the raw fits held 88.4% (means of 10 seeds; `pid` 94.6%). Readings given without
-  errors, or exact ones, are taken as they are;
-* readings given with errors make a fit from the third on (exact ones from the second):
-  through two readings a line fits exactly, so nothing yet tells its windows' drift, which
-  their errors do not see (they are taken within a window), from a fixed cost, and the
-  scatter below has no misses to learn from. On this machine the drift came from the
-  other rank: in a 2-rank job the unslowed rank computed 0.68-0.81 ms a sample at the even
-  split and 0.61-0.71 after the first move, and the emulated slow rank, sized from the
-  window before, read 2.49 ms a sample at 128 and 3.08 at 59; the line through the two
-  claimed a fixed cost of 65 ms, and the split went from 197/59 to 219/37 where the job's
-  steady split was 204/52. Over the first two exchanges of 72 such traced
-  jobs (cnn, 1,4 and 1,8), the line through two readings sent rank 0's batch more than 3
-  samples past its steady one in 22 (up to 15); the proportional move from the same
-  readings lands within 3 of it in 70 and more than 3 past it in none
-  (`benchmarks/replay.py`'s readings). With 2 workers, a drift of 0.15 a window and
-  slowdowns of 4 and 8 swapped mid-run (100 seeds, `benchmarks/settling.py`), settling
-  within 3 adjustments went from 68% and 61% of seeds to 75% and 71% from even and from
-  59% and 50% to 75% and 57% after the swap, efficiency down 0.4 points; with 5% noise
-  at 256 workers the split after the second reading holds 95.3% (proportional) and after
-  the third 95.9%, as before. In `benchmarks/fixed_costs.py` (10 seeds) the runs with 5%
-  noise took from 2 fewer to 2 more adjustments to 97% and its drift table lost up to 1.4
-  points (92.0-99.2% kept, `pid` 82.0-99.0%). Exact readings fit from the second as
-  before: no noise-free figure moved;
-* a reading further from its worker's line than `change_threshold`, and than 3 times the
-  spread of the readings about their lines, is a real change of speed: the worker's
-  readings and fixed cost are forgotten. A proportional line only bounds the time at
-  another batch (between the time at the readings' mean batch and that times b / mean(b),
-  whatever the fixed cost), so the distance it is allowed grows by that ratio. The spread
-  is a running estimate, forgotten like the readings, of 1.4826 times the median absolute
-  deviation of the misses (log of time over prediction) about their median, those of the
-  workers with a calibrated line that did not change: a change all workers share is not
-  spread, and no worker's real change moves it. The readings' within-window errors do not
-  see a speed that drifts from one window to the next, as a shared node's does; this
-  spread does. With the fixed threshold alone, a speed factor drawn afresh each window
-  (lognormal, sigma 0.1 and 0.2; the cluster model, 64 workers, fixed costs of 0.05 s) made
-  workers forget their lines every few readings: "model" kept 95.4% and 85.6% of the ideal
-  split's throughput, "pid" 96.4% and 88.2%, and with the spread "model" keeps 98.6% and
-  96.9% (medians of 10 seeds, `benchmarks/fixed_costs.py`). The fits' noise, e^2 above, is
-  at least this spread squared for the same reason;
-* the split is the one that makes the predicted times equal: T with
-  sum_i clip((T - a_i) / c_i, min_batch, max_batch) = B, solved by water-filling (a worker
-  pinned at a bound takes no further share) and rounded by largest remainder, B exact;
-* no worker's target is below 0.6 of its batch in the proportional split of the window's
-  readings ("p"'s split). With two workers nothing pulls a wild fit back (the prior is the
-  two fits' own centre and spread), and the readings' errors do not see drift: after a swap
-  of slowdowns a worker read 6.7 ms a sample at 235 samples and 10.1 ms at 107, the line
-  through the two (two readings then made a fit) claimed a fixed cost of 0.60 s, longer
-  than the other worker's whole step, and the split sent it to 1 sample where about 40 was
-  balanced. In the cluster model (2
-  workers, slowdown 4 or 8 swapped mid-run, 5% noise, a speed drift of 0.15 a window, 100
-  seeds) a worker fell to 3 samples or fewer in 3-21 seeds with fixed costs of 2 ms and
-  0.1 s, in none with a floor at half, and settling did not suffer (within 3 adjustments
-  from even in 48-68% of seeds before, 51-68% with it; after the swap 35-60% and 41-59%).
-  With fixed costs that grow with the slowdown (20 ms times it), as the emulator's do,
-  falls went from 10 and 57 seeds to 0 and 7 with drift and from 7 to 0 without it at
-  slowdown 8, and settling after the swap at slowdown 8 from 17% to 46% with drift. Half
-  still let a worker fall below half its balanced batch in 9-28 seeds of 100 with 2 ms of
-  fixed cost (global batch 64 and 256), 0.6 in 7-15 and 0.67 in 4-10; settling and
-  efficiency moved by 3 points or less from half to 0.6 (but settling from even at
-  slowdown 8 with growing fixed costs and drift: 52% to 65%), and 0.67 took settling after
-  the swap at slowdown 8 with growing fixed costs from 77% to 72% of seeds without drift
-  and from 46% to 35% with it. No figure of `benchmarks/fixed_costs.py`'s settling tables
-  moved with either: a balanced batch that far below the proportional one needs a fixed
-  share far above the other workers';
-* nothing moves while the predicted imbalance at the current split is below `deadband`, and
-  one adjustment moves a worker by at most `max_change * B` samples.
+    sum_i clip((T - a_i) / c_i, min_batch, max_batch) = B,
 
-Times that are zero, negative, NaN or infinite make the controller keep the last split.
+solved by water-filling (a worker pinned at a bound takes no further share) and rounded by
+largest remainder, B exact. Without fixed costs it does as well as "pid". The fits:
+
+* least squares over the worker's readings (b, t), each weighing 1 / t^2 (a reading's noise
+  is a share of its time: unweighted, one reading at 64 samples outweighed eight at 22) and
+  the older less, by 1 - 1/`memory` per adjustment. A negative a_i is refitted as 0: the
+  line through the origin;
+* a fit claiming the fixed share f = a_i / mean(t) counts once its batches spread by a
+  standard deviation of at least `identify` / (1 - f) of their mean: the move to the
+  equal-time point is 1 / (1 - f) times the proportional one, and so is the noise it
+  carries (5% noise: two readings 8% apart claimed f = 0.95 and sent a worker to twice its
+  ideal batch). A worker whose batches do not spread enough keeps its last fit's fixed cost,
+  its slope from its mean reading; a worker never fitted is proportional (a_i = 0), so the
+  rule starts as "p" does;
+* fixed costs are weighed against their noise (empirical Bayes). Given each time's relative
+  standard error e (`update(..., errors)`), a fit from readings of weights w has
+  var(a_i) = e^2 mean(b^2) / (U var(b)), U = sum w / t^2 and the moments weighted by
+  w / t^2: least squares' variance of an intercept, larger than the fixed cost itself for
+  two readings a few per cent apart. The fitted workers' fixed costs are the prior: centre
+  m their median, variance s^2 the square of their robust spread less the median var(a_i).
+  Each a_i becomes its posterior mean (a_i s^2 + m var(a_i)) / (s^2 + var(a_i)) and the
+  slope is refitted with it held (256 workers, 5% noise: the split after the second reading
+  held 94.8% of the ideal, 88.4% from the raw fits). Readings without errors are taken as
+  they are;
+* readings given with errors make a fit from the third on, exact ones from the second: a
+  line fits two readings exactly, so nothing yet tells a drift between their windows, which
+  errors taken within a window do not see, from a fixed cost (on 2 CPU ranks such lines sent
+  rank 0's batch more than 3 samples past its steady one in 22 of 72 traced jobs, the
+  proportional move in none);
+* a reading further from its line than `change_threshold`, and than 3 times the readings'
+  spread about their lines, is a real change of speed: the worker's readings and fixed cost
+  are forgotten. The spread is a running estimate, forgotten like the readings, of the robust
+  spread of the misses (log of time over prediction) about their median, over the workers
+  with a calibrated line that did not change: a change all workers share is no spread, and
+  no worker's own change moves it. It sees what within-window errors miss, a speed that
+  drifts from window to window as a shared node's does (lognormal, sigma 0.2 a window, 64
+  workers: 85.6% of the ideal kept with the threshold alone, 96.9% with the spread), so the
+  fits' noise e^2 is at least its square. A proportional line only bounds the time at
+  another batch, so its allowance grows by |log(b / mean b)|;
+* no worker's target is below 0.6 of its batch in "p"'s split of the same readings: with two
+  workers the prior is the two fits' own and cannot pull a wild one back (after a swap of
+  slowdowns a line through two readings claimed 0.60 s of fixed cost and sent a worker to 1
+  sample where about 40 balanced).
+
+"pid" and "model" keep the split while the predicted imbalance is below `deadband`, and one
+adjustment moves a worker by at most `max_change * B` samples, so one bad reading cannot wreck
+the split. Every worker's batch stays within [min_batch, max_batch] (a memory cap), and B is
+conserved exactly. Times that are zero, negative, NaN or infinite keep the last split.
 """
 from __future__ import annotations
 

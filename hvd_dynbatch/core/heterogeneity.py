@@ -141,117 +141,49 @@ def _weighted_median(values, weights, default: float) -> float:
 class Emulator:
     """Sleeps after each compute of one rank as its slowdown factor says.
 
-    A step should cost s times the typical cost of its batch on this machine: the median
-    per-sample compute (forward plus backward) of the last `memory` steps, each step
-    weighing as many as the samples it computed and those over `STALL_RATIO` times the
-    fastest of them left out (below), times the batch, plus the median optimizer
-    update, which costs the same at any batch (the update before the step, which delays its
-    arrival at the allreduce as the compute does). Slowing only the compute left the update
-    at full speed: alone, a step whose update took u = 4-7% of it measured f (1 - u) + u
-    times, 7-10% under f at factor 4 and 8 (cnn at batch 16, ResNet-18 at 32), and in a job
-    the slowed rank's slow update, which real slow hardware has, was missing. The sleep is
-    that less this rank's own median compute of the batch and its own median update, so a
-    stall (another process, a page fault) lengthens its step once, as it would on slower
-    hardware, not s times as a sleep of (s - 1) times the step's own compute made it: in a
-    2-rank job a 4x rank's compute at batch 30 then ranged 126-315 ms over 10 steps, and the
-    "model" rule, which reads such jumps as changes of speed, did not settle after the
-    slowdown moved.
+    A step at factor s should cost s times the typical cost of its batch on this machine:
+    the typical compute (forward plus backward) per sample times the batch, plus the typical
+    optimizer update, which costs the same at any batch. The update is slowed too, as real
+    slow hardware's is: left at full speed, factors 4 and 8 measured 7-10% low. The sleep is
+    that target less this rank's own typical compute of the batch and its own typical update,
+    not (s - 1) times the step's own compute, so a stall (another process, a page fault)
+    lengthens the step once, as on slower hardware, and is not multiplied into jumps the
+    "model" rule reads as changes of speed.
 
     The typical costs are those of the job's ranks at factor 1, once an exchange has shown
-    their steps (`observe`); until then, or if every rank is slowed, they are this rank's
-    own: its fastest recent compute per sample and its median update. Its median compute
-    lagged behind its warm-up: in a 2-rank job (cnn, synthetic data, 1,4, global batch 256)
-    the slowed rank's steps before the first exchange took 2.82, 2.53, 2.24, 1.95 and 2.04
-    ms a sample, the unslowed rank's 0.93 and then 0.44-0.48. In 9 such jobs the window
-    before the first exchange measured 3.8-5.5 times the unslowed rank, four of them over
-    4.5, where a job that kept the even split measured 4.1-4.4 in its later windows; the
-    controller's first move is made from that window, and at 5.5 it took the split to
-    217/39 against a balanced 205/51. A rank that sleeps computes more slowly than one that
-    does not: in 2-rank jobs on 2 cores (cnn, digits, batch 256, factor 8) the slowed rank's
-    own compute ran 2-27% over the other rank's, and a sleep of (s - 1) times it carried that
-    excess s times, measuring 8.2-10.2x (now 8.0-8.3x). A per-sample compute seen at the
-    unslowed ranks' batches is taken to hold at this rank's: for the benchmarked models it
-    is flat within this machine's noise (ResNet-18 18.2-19.3 ms a sample at batches 8 to 56,
-    the CNN 237-419 us with no trend from 30 to 226), but not at a few samples, where a
-    step's fixed costs show, and after the slowdown of a 2-rank job moves from one rank to
-    the other the newly unslowed rank runs a few samples for a window: at 5 (ResNet-18,
-    global batch 64, 1,8 to 8,1) its steps took 288 ms, 58 ms a sample, where at 57 they
-    took 2.08 s, 37 ms a sample. With its steps weighing one each, the slowed rank's next
-    window took 9.24 s at 27 samples, 1.16 times 8 x 37 ms a sample; the controller read
-    the moving speed as a fixed cost of 2.4 s, and in a replay of those readings it moved
-    the slowed rank to 1 sample. Weighed by their samples, a few steps at 5 samples are
-    outweighed by the window's others.
+    their steps (`observe`); until then, or if every rank is slowed, this rank's own (its
+    fastest recent compute per sample, its median update). On 2 shared cores a sleeping rank
+    computes 2-27% more slowly than one that does not, and its own compute would carry that
+    excess s times. Each typical cost is a median over the last `memory` steps:
 
-    Nor are the typical costs taken from the job's steps before `WARMUP_STEPS`: a process's
-    first computes run slowly (below; its very first took 599-2016 us a sample in the five
-    jobs below, the second 296-658), and the slowed rank, which takes its typical costs from
-    the previous exchange, carried that into the next window, where the unslowed rank had
-    sped up. In a 2-rank job (cnn, synthetic data, 1,4, global batch 256) the unslowed rank
-    computed steps 1-4 at 0.79 ms a sample and steps 6-9 at 0.64-0.72, the split 205/51 the
-    controller chose from the even split's window measured an imbalance of 1.22 (the slowed
-    rank the slower) where the times are equal, and it moved the split to 213/43. Since CPU
-    ranks keep freed memory (`backend.host_memory`) the warm-up is shorter, and the typical
-    costs come from step 2 on: from step 4 on, the first window's typical compute was step 4
-    alone, 316-392 us a sample in five jobs (1,4), where the next window's steps took
-    298-314 in the three that faulted no fresh memory; in one of them step 4 took 385 and
-    the next window 300, and from step 2 on the typical one is 325.
-
-    Nor are the steps that took over `STALL_RATIO` times the fastest per sample of those
-    remembered: they paid for something besides their samples, which a slower worker would
-    not pay s times. A process whose tensors grow takes fresh memory from the kernel, and
-    its first steps at a new size pay for it: one process training the cnn at a 2-rank job's
-    batches (128, then 187, 194, 218, ...) faulted 6,000-14,000 pages in 4 of its 5 steps at
-    187 and 3 of 5 at 218, which took 642-1359 us a sample against about 300 with no fault.
-    On this project's machine a page touched for the first time costs about 9 us (the
-    hypervisor takes back memory left free for a few seconds: 128 MiB took 270-350 ms to
-    touch after a pause, 10 ms straight after; with huge pages, 13 faults where there were
-    6,000, a step cost as much). The slowed rank, sized from such a window, ran the next one
-    slow. In five 2-rank jobs (cnn, synthetic data, 1,4, global batch 256) the median of the
-    unslowed rank's remembered steps was 497 and 550 us a sample after a window at a new
-    size (in two jobs), where the next window's steps took 367 and 387; without the steps
-    over 1.5 times the fastest it is 392 and 362. Leaving out instead the steps of a rank
-    whose batch grew past its largest kept one early step as the typical one for three
-    windows in one job, which then measured 5.3-5.8 times the unslowed rank at factor 4 (its
-    step 4, above). A ratio of 1.25 cut the spread of ordinary steps too:
-    `benchmarks/emulator_fidelity.py` measured a factor of 4 in a job (cnn, digits, batch
-    256) as 3.61 and 8 as 7.24, 6 of its 12 slowed rows more than 4% low; at 1.5 the largest
-    miss was -4.0%.
+    * per sample, each step weighing as many as its samples: the benchmarked models' compute
+      per sample is flat in the batch except at a few samples, where fixed costs show, and a
+      rank just relieved of a slowdown runs a few samples for a window;
+    * from step `WARMUP_STEPS` on: a process's first computes run slowly, and the slowed
+      rank would carry them into the next window;
+    * without steps over `STALL_RATIO` times the fastest per sample: they paid for something
+      besides their samples, such as fresh memory from the kernel (about 9 us a page on this
+      project's VM), which slower hardware would not pay s times. 1.25 also cut ordinary
+      steps (a factor of 4 measured 3.61); at 1.5 every row of
+      `benchmarks/emulator_fidelity.py` was within 4%.
 
     This rank's own compute, which the sleep leaves out, is its median per sample over its
-    recent slowed steps at about the batch it runs now (within a factor of `NEAR_BATCH`),
-    and from step `WARMUP_STEPS` on. A sleeping rank's compute per sample grows as its batch
-    falls: in a 2-rank job (cnn, synthetic data, 1,4, global batch 256) the slowed rank
-    computed 0.46-0.48 ms a sample at 128 and 0.49-0.66 at 71 in the window after the
-    controller's first move, and 0.47-1.03 at 50 in the next; its first two steps took 5.9
-    and 1.5 ms a sample. A median over all its last 9 steps, those at 128 and the first two
-    among them, was off by as much, and in 24 such traced jobs (1,4 and 1,8) the slowed
-    rank's window after the first move took 1.046 times the emulator's target (median;
-    1.02-1.25), the next 1.014 and the eighth 1.002: the controller read a slow rank slower
-    at its smaller batch, a fixed cost that no slow worker has. The first step at a new
-    batch is its own median, so it costs its target exactly.
+    recent slowed steps at about the batch it runs now (within a factor of `NEAR_BATCH`): a
+    sleeping rank's compute per sample grows as its batch falls, and a median over all its
+    batches showed the controller a slow rank slower at a smaller batch, a fixed cost that no
+    slow worker has. The first step at a new batch is its own median.
 
-    A rank alone (a 1-rank job, as standalone rates are measured) has no other rank to
-    follow, and its own compute once it sleeps is not its compute at full speed: here a step
-    after a pause of 45 ms, slept or spun, computed 12-18% more slowly than a step after a
-    step (cnn, batch 16), and 1-rank jobs at factor 8 ran 9.2-10.2 times as long a step as
-    at factor 1. Its first `calibration` computes therefore run at full speed, back to
-    back, and the medians of the last `memory` of them are its typical costs; the steps
-    they belong to are `calibrated` and measure nothing emulated (`metrics.steady_steps`
-    leaves them out). The first few computes of a process are not typical: against the
-    median of its steps from the 13th on (1-rank jobs at factor 1, cnn on synthetic data at
-    batch 16 and on digits at 256), the median of its first 9 computes was -4% to +17% off
-    (median 5%), that of computes 4 to 12 -1% to +12% (median 1%). In a job the ranks at
-    factor 1 pause too, waiting for the slowed one, so the typical compute taken from them
-    already carries that cost.
+    A rank alone (a 1-rank job, as standalone rates are measured) has no rank to follow, and
+    once it sleeps its compute is not its compute at full speed (12-18% slower after a pause).
+    Its first `calibration` computes therefore run at full speed, back to back, and their
+    medians are its typical costs; those steps are `calibrated` and measure nothing emulated
+    (`metrics.steady_steps` leaves them out). A rank that an elastic job leaves alone keeps
+    the typical costs of the world before (`typical`) and does not calibrate again.
 
-    A rank that an elastic job leaves alone has its typical costs already: `typical` carries
-    them from the emulator of the world before, so the rank does not calibrate again (its next
-    12 steps would have run at full speed, as no slowed worker does).
-
-    What the medians are taken over must be clean: on 2 ranks sharing 2 cores, a rank
-    spinning in Horovod's wait slowed the sleeping rank's compute, and a factor of 4
-    measured 5-7x against the rank at factor 1. Ranks of an emulated run therefore wait by
-    napping (`backend.weighting.wait_napping`).
+    The ranks of an emulated run wait by napping (`backend.weighting.wait_napping`): on 2
+    ranks sharing 2 cores, a rank spinning in Horovod's wait slowed the sleeping rank's
+    compute, and a factor of 4 measured 5-7x. The measurements behind these choices are in
+    `benchmarks/RESULTS.md`, "Emulator fidelity" and "Settling".
     """
 
     def __init__(self, slowdown: Optional[Slowdown], rank: int, world_size: int,
