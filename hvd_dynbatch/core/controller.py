@@ -22,9 +22,9 @@ allocation y (floats summing to B; the integer split is y rounded):
   `fast_threshold` y jumps to the target; below it y moves a fraction `gain` of the way, so
   noise is filtered rather than chased;
 * integral: below `fast_threshold` each worker's error (target - y, in samples) accumulates
-  while it keeps its sign and restarts when the sign flips (anti-windup); `integral_gain`
-  times it is added, so an error that persists under damping goes while noise does not
-  build up.
+  while it keeps its sign and restarts when the sign flips, y jumps or the split is in the
+  dead-band (anti-windup); `integral_gain` times it is added, so an error that persists
+  under damping goes while noise does not build up.
 
 Rule "model" (the default) is for steps with fixed costs. Kernel launches, the optimizer
 step, the tail of the allreduce and data handling cost time at any batch size, so
