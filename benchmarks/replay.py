@@ -29,7 +29,7 @@ import numpy as np
 from common import print_report
 
 from hvd_dynbatch.core.controller import BatchController, Rule
-from hvd_dynbatch.core.timing import WARMUP_STEPS, StepTimer, exchange_due, hold_steps
+from hvd_dynbatch.core.timing import WARMUP_STEPS, StepTimer, exchange_due, hold_steps, holds
 from hvd_dynbatch.training.config import TrainConfig
 from hvd_dynbatch.training.metrics import busy_times, read_metrics, step_records
 
@@ -41,8 +41,8 @@ def replay(records: list, untimed: int, lag: int, min_batch: int) -> tuple:
     the job's end); and the fixed costs the "model" rule fitted at the third adjustment
     (None for other rules). The exchanges come where the job's came
     (`core.timing.exchange_due`): every `adjust_every` steps, spaced out while the split
-    holds (`hold_steps`; runs whose config has no `hold_seconds` predate it and had none),
-    and an elastic job's at each commit."""
+    holds (`holds`, `hold_steps`; runs whose config has no `hold_seconds` predate it and had
+    none), and an elastic job's at each commit."""
     config = TrainConfig(**records[-1]["config"])
     hold_seconds = records[-1]["config"].get("hold_seconds", 0.0)
     sync_every = config.commit_every if config.elastic else 0
@@ -67,8 +67,8 @@ def replay(records: list, untimed: int, lag: int, min_batch: int) -> tuple:
         decided = [int(b) for b in controller.update(split, times, errors)]
         replayed.append(decided)
         recorded.append(ran.get(done + lag))
-        quiet_until = 0 if decided != split else done + hold_steps(
-            config.adjust_every, hold_seconds, float(np.max(times)))
+        quiet_until = done + hold_steps(config.adjust_every, hold_seconds, float(
+            np.max(times))) if holds(split, decided, times) else 0
         if len(replayed) == 3 and controller.config.rule is Rule.MODEL:
             fixed = controller.state.fixed.copy()
     return readings, replayed, recorded, fixed

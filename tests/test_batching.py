@@ -10,7 +10,8 @@ from torch.utils.data import TensorDataset
 from hvd_dynbatch.backend.comm import Communicator, LocalCommunicator
 from hvd_dynbatch.backend.weighting import LocalOptimizer
 from hvd_dynbatch.core.controller import ControllerConfig, Rule
-from hvd_dynbatch.core.timing import HOLD_FACTOR, WARMUP_STEPS, exchange_due, hold_steps
+from hvd_dynbatch.core.timing import (HOLD_FACTOR, WARMUP_STEPS, exchange_due, hold_steps,
+                                      holds)
 from hvd_dynbatch.errors import DynBatchError
 from hvd_dynbatch.training.batching import DynamicBatching
 
@@ -18,14 +19,18 @@ DATA = TensorDataset(torch.arange(1000), torch.arange(1000))
 
 
 class SlowPeer(Communicator):
-    """Rank 0 of 2, whose peer reports the same facts with 4x the compute time."""
+    """Rank 0 of 2, whose peer reports the same facts with `factor` (4) times the compute
+    time."""
 
     rank, size, backend = 0, 2, "scripted"
+
+    def __init__(self, factor: float = 4.0):
+        self.factor = factor
 
     def allgather(self, values):
         mine = np.asarray(values, dtype=np.float64)
         peer = mine.copy()
-        peer[2] *= 4  # the smoothed compute time, after the stop flag and the lag
+        peer[2] *= self.factor  # the smoothed compute time, after the stop flag and the lag
         return np.vstack([mine, peer])
 
 
@@ -69,6 +74,7 @@ class SwingingPeer(SlowPeer):
     exchange decides a new split."""
 
     def __init__(self):
+        super().__init__()
         self.gathers = 0
 
     def allgather(self, values):
@@ -276,6 +282,27 @@ def test_while_the_split_holds_the_exchanges_are_spaced_out_and_nothing_is_lost(
     resumed = DynamicBatching(DATA, 64, EvenPeer(), adjust_every=2)
     resumed.load_state_dict(batching.state_dict())
     assert resumed.state_dict()["quiet_until"] == batching.state_dict()["quiet_until"]
+
+
+@pytest.mark.parametrize("factor, touch_up", [(1.08, True), (1.3, False)])
+def test_a_move_from_nearly_equal_times_holds_the_exchanges_too(factor, touch_up):
+    """A peer 8% slower than this rank: each exchange moves the split by a sample, a
+    touch-up after which the exchanges are spaced out as after a kept split. 30% slower:
+    each is a real correction, and the next exchange comes `adjust_every` steps later."""
+    peer = SlowPeer(factor)
+    batching = DynamicBatching(DATA, 64, peer, adjust_every=2, untimed_steps=0,
+                               controller=ControllerConfig(64, rule=Rule.P))
+    gathers = gather_steps(peer, batching)
+    take(batching.loader(), batching, 2 + 2 * HOLD_FACTOR * 2)
+    every = HOLD_FACTOR * 2 if touch_up else 2
+    assert gathers == list(range(2, 2 + 2 * HOLD_FACTOR * 2 + 1, every))
+    assert batching.split[0] > 33   # moved at every exchange, holding or not
+    assert holds((32, 32), (33, 31), [1.0, factor]) == touch_up
+
+
+def test_holds_after_a_kept_split_whatever_the_times_and_never_without_times():
+    assert holds((40, 24), (40, 24), [1.0, 3.0])
+    assert not holds((32, 32), (33, 31), [1.0, float("nan")])
 
 
 def test_without_a_hold_the_exchanges_come_every_adjust_every_steps():

@@ -16,6 +16,9 @@ WARMUP_STEPS = 2
 # at most this many times `adjust_every` steps apart (`hold_steps`).
 HOLD_SECONDS = 0.25
 HOLD_FACTOR = 4
+# A move of the split from busy times within this ratio (max/min) of each other starts a hold
+# too (`holds`): the ratio at which the benchmarks call a split settled.
+HOLD_IMBALANCE = 1.1
 
 
 def hold_steps(adjust_every: int, hold_seconds: float, step_seconds: float) -> int:
@@ -34,6 +37,23 @@ def hold_steps(adjust_every: int, hold_seconds: float, step_seconds: float) -> i
         return adjust_every
     most = HOLD_FACTOR * adjust_every
     return max(math.ceil(min(hold_seconds / step_seconds, most)), adjust_every)
+
+
+def holds(split, decided, times) -> bool:
+    """Whether an exchange that read the ranks' smoothed busy `times` at `split`, and after
+    which the controller decided `decided`, starts a hold (`hold_steps`): the controller kept
+    the split, or moved it from times within `HOLD_IMBALANCE` of each other.
+
+    Such a move is a touch-up of a settled split. On two CPU ranks the controller makes
+    them by a sample or two at a time in some jobs, as their speeds drift, and holds after
+    kept splits alone then left those jobs exchanging every `adjust_every` steps: 1.1-2.5% of
+    the training time on 7.5 ms steps (`benchmarks/RESULTS.md`, "Overhead"). A hold lasts
+    at most `HOLD_SECONDS` of steps, so a touch-up that misses is corrected that much later.
+    """
+    if tuple(split) == tuple(decided):
+        return True
+    times = np.asarray(times, dtype=np.float64)
+    return bool(np.all(times > 0) and times.max() <= HOLD_IMBALANCE * times.min())
 
 
 def exchange_due(steps_done: int, adjust_every: int, quiet_until: int = 0,

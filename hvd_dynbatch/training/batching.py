@@ -33,7 +33,8 @@ What happens in one step on rank i:
 4. Every `adjust_every` steps the ranks all-gather each step's (batch, compute time, update
    time, loss) and their smoothed busy times with their errors; the controller computes the
    next split from them, the same on every rank, so no broadcast is needed. While the split
-   holds (the controller kept it), the next exchange waits for `hold_seconds` of steps, up to
+   holds (the controller kept it, or touched up a split whose busy times were within 10% of
+   each other: `core.timing.holds`), the next exchange waits for `hold_seconds` of steps, up to
    4 times `adjust_every` (`core.timing.hold_steps`): on fast steps the exchange and the
    controller cost 1-3% of the training time every 5 steps. The gather starts
    when the exchange step's compute ends, before the optimizer waits for the gradients:
@@ -65,7 +66,8 @@ from torch.utils.data import DataLoader
 from ..backend.comm import Communicator
 from ..core.controller import BatchController, ControllerConfig, ControllerState
 from ..core.sampler import StepPlan, VariableBatchSampler
-from ..core.timing import HOLD_SECONDS, WARMUP_STEPS, StepTimer, exchange_due, hold_steps
+from ..core.timing import (HOLD_SECONDS, WARMUP_STEPS, StepTimer, exchange_due, hold_steps,
+                           holds)
 from ..errors import DynBatchError
 
 # Each step's facts in the exchange: batch, compute seconds, update seconds, loss.
@@ -177,9 +179,10 @@ class DynamicBatching:
     of its timing. The first `untimed_steps` steps it would time are left out too: a
     process's first steps run slowly (`core.timing.StepTimer`); raise it for a longer warm-up,
     such as `torch.compile`'s. A window with no timed step reports no time, and the split
-    stays. While the split holds, exchanges come every `hold_seconds` of steps (at the
-    slowest rank's smoothed busy time) rather than every `adjust_every` steps, up to 4 times
-    as far apart (`core.timing.hold_steps`); 0 keeps them every `adjust_every` steps. A
+    stays. While the split holds (`core.timing.holds`), exchanges come every `hold_seconds`
+    of steps (at the slowest rank's smoothed busy time) rather than every `adjust_every`
+    steps, up to 4 times as far apart (`core.timing.hold_steps`); 0 keeps them every
+    `adjust_every` steps. A
     caller that calls `exchange()` itself every `sync_every` steps too (an elastic job's
     commits) says so, and those exchanges come as the scheduled ones do: their gathers start
     beside the gradients' allreduce, where one of their own waits for Horovod's next cycle.
@@ -455,11 +458,11 @@ class DynamicBatching:
                 self.last_full_split = record.batch_sizes
         self._records.extend(records)
         smoothed = heads[:, 1]
+        # A hold ends where a split decided before it (`set_global_batch`) starts.
+        decided = [first for first, _ in self._splits if first > self.step]
         if self._control(smoothed, heads[:, 2]):
             hold = hold_steps(self.adjust_every, self.hold_seconds, float(smoothed.max()))
-            # A hold ends where a split decided from outside (`set_global_batch`) starts.
-            self._quiet_until = min([self.step + hold]
-                                    + [first for first, _ in self._splits if first > self.step])
+            self._quiet_until = min([self.step + hold] + decided)
         else:
             self._quiet_until = 0
         self._forget_past_splits()
@@ -484,7 +487,8 @@ class DynamicBatching:
         """The controller's turn: a new split from the gathered smoothed times and their
         errors, taking effect `lag` steps from now. None while a split decided or scheduled
         earlier is due by then, or before the split in force has been timed. Returns whether
-        the split holds: the controller kept it, or static batching never moves it."""
+        a hold of the exchanges starts: static batching never moves the split, and the
+        controller kept it or touched it up (`core.timing.holds`)."""
         effective = self.step + (self.lag or 0)
         if not self.adaptive:
             return True
@@ -496,10 +500,9 @@ class DynamicBatching:
         if sum(current) != self.controller.config.global_batch:
             self.controller = self._controller_for(sum(current))
         split = tuple(int(b) for b in self.controller.update(current, smoothed, errors))
-        if split == current:
-            return True
-        self._decide(effective, split)
-        return False
+        if split != current:
+            self._decide(effective, split)
+        return holds(current, split, smoothed)
 
     def _decide(self, first_step: int, split: Sequence[int]) -> None:
         """Let `split` be in force from `first_step` until the next change already decided;
