@@ -7,7 +7,8 @@ Horovod's elastic state) and `hvd-dynbatch train` with static and with dynamic b
 They run in turns, `--repeats` times, each round starting with a different job, and the
 median of each is compared with plain Horovod under the same launcher (elastic: under Gloo).
 It also prints the share of the training time that the timing exchange and the controller
-took. Fast steps make that share large, so the default is the CNN on the digits.
+took, how many exchanges a job made and what one cost. Fast steps make that share large, so
+the default is the CNN on the digits.
 
     python benchmarks/overhead.py [--repeats 3] [--steps 120]
 """
@@ -72,6 +73,7 @@ def main():
             if not (loop == "plain Horovod" and LAUNCHES[launch][1])]
     rates = {job: [] for job in jobs}
     shares = {job: [] for job in jobs}
+    exchanges = {job: [] for job in jobs}
     with tempfile.TemporaryDirectory() as workdir:
         for repeat in range(args.repeats):
             # Each round starts with a different job, so none always runs first or last.
@@ -86,23 +88,28 @@ def main():
                 summary = records[-1]
                 shares[launch, loop].append(summary["exchange_seconds"]
                                             / summary["train_seconds"])
+                exchanges[launch, loop].append((summary["exchanges"],
+                                                summary["exchange_seconds"]))
     rows = []
     for (launch, loop), values in rates.items():
         base_launch = "horovodrun --gloo" if LAUNCHES[launch][1] else launch
         base = rates.get((base_launch, "plain Horovod"))
         rate = statistics.median(values)
-        share = shares[launch, loop]
+        share, made = shares[launch, loop], exchanges[launch, loop]
         rows.append([launch, loop, [round(v) for v in values], rate,
                      f"{rate / statistics.median(base) - 1:+.1%}" if base else None,
-                     f"{statistics.median(share):.2%}" if share else None])
+                     f"{statistics.median(share):.2%}" if share else None,
+                     [count for count, _ in made] if made else None,
+                     f"{1e3 * sum(s for _, s in made) / sum(c for c, _ in made):.2f}"
+                     if made else None])
     print_report(
         f"Equal batches, no slowdown: {args.model} on {args.dataset}, global batch "
         f"{args.global_batch}, {args.steps} steps, 2 ranks x 1 thread, {args.repeats} runs "
         f"each in rotating turns; throughput from the median step time of the last 75% of "
         f"steps; exchange + controller share = the time in the exchange calls (waiting for "
-        f"the gather included) over the training time.",
+        f"the gather included) over the training time; ms per exchange over all runs.",
         ["launcher", "loop", "runs (samples/s)", "median (samples/s)", "vs plain Horovod",
-         "exchange + controller share"], rows)
+         "exchange + controller share", "exchanges per job", "ms per exchange"], rows)
 
 
 if __name__ == "__main__":

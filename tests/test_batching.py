@@ -282,6 +282,7 @@ def test_while_the_split_holds_the_exchanges_are_spaced_out_and_nothing_is_lost(
     resumed = DynamicBatching(DATA, 64, EvenPeer(), adjust_every=2)
     resumed.load_state_dict(batching.state_dict())
     assert resumed.state_dict()["quiet_until"] == batching.state_dict()["quiet_until"]
+    assert resumed.exchanges == batching.exchanges == len(gathers)
 
 
 @pytest.mark.parametrize("factor, touch_up", [(1.08, True), (1.3, False)])
@@ -296,6 +297,7 @@ def test_a_move_from_nearly_equal_times_holds_the_exchanges_too(factor, touch_up
     take(batching.loader(), batching, 2 + 2 * HOLD_FACTOR * 2)
     every = HOLD_FACTOR * 2 if touch_up else 2
     assert gathers == list(range(2, 2 + 2 * HOLD_FACTOR * 2 + 1, every))
+    assert batching.exchanges == len(gathers)
     assert batching.split[0] > 33   # moved at every exchange, holding or not
     assert holds((32, 32), (33, 31), [1.0, factor]) == touch_up
 

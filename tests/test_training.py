@@ -113,6 +113,7 @@ def test_metrics_records_and_summary(reference):
     assert summary["final_split"] == [64]
     # The training clock is the steps plus the exchanges, and nothing else.
     assert 0 < summary["exchange_seconds"] < summary["train_seconds"]
+    assert 1 <= summary["exchanges"] <= 30
     assert summary["train_seconds"] == pytest.approx(
         sum(r["step_time"] for r in steps) + summary["exchange_seconds"], rel=1e-9)
     assert summary["samples_per_sec"] == pytest.approx(summary["samples"] /

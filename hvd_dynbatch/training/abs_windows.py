@@ -59,6 +59,7 @@ class ABSWindows:
         self.step = 0
         self.clock = 0.0              # training seconds: this rank's windows and exchanges
         self.exchange_seconds = 0.0
+        self.exchanges = 0
         self.samples = 0
         self.last_sizes = []          # every rank's samples in the last exchanged window
         self.plan = self.rule.first_window(self.comm.size)   # the next window's
@@ -237,6 +238,7 @@ class ABSWindows:
         elapsed = time.perf_counter() - started
         self.clock += elapsed
         self.exchange_seconds += elapsed
+        self.exchanges += 1
         self._records.extend(records)
         return records
 
@@ -275,6 +277,7 @@ class ABSWindows:
         self._finish_reduction()
         streams = self.comm.allgather([self.stream.epoch, self.stream.position])
         return {**{name: getattr(self, name) for name in self._SCALARS},
+                "exchanges": self.exchanges,
                 "last_sizes": list(self.last_sizes),
                 "recent_reductions": list(self.recent_reductions),
                 "streams": [{"epoch": int(e), "position": int(p)} for e, p in streams],
@@ -295,6 +298,7 @@ class ABSWindows:
                                 f"and window are its own")
         for name in self._SCALARS:
             setattr(self, name, type(getattr(self, name))(state[name]))
+        self.exchanges = int(state.get("exchanges", 0))   # absent in checkpoints before it
         self.last_sizes = list(state["last_sizes"])
         self.recent_reductions.clear()
         self.recent_reductions.extend(state["recent_reductions"])

@@ -229,6 +229,7 @@ class DynamicBatching:
         self.samples = 0                 # all ranks' samples, counted at each exchange
         self.clock = 0.0                 # training seconds: this rank's steps and exchanges
         self.exchange_seconds = 0.0      # of which: exchanges and the controller
+        self.exchanges = 0               # exchanges made
         self.last_step_seconds = 0.0
         self.last_update_seconds = 0.0   # this rank's last update, counted with the next step
         self.last_full_split = None      # every rank's batch in the last step that took B
@@ -468,6 +469,7 @@ class DynamicBatching:
         self._forget_past_splits()
         elapsed = time.perf_counter() - started
         self.exchange_seconds += elapsed
+        self.exchanges += 1
         self.clock += elapsed
         return records
 
@@ -592,7 +594,8 @@ class DynamicBatching:
                 "splits": [[self.step, list(self.split)], *later],
                 "controller": self.controller.state.state_dict(),
                 "samples": self.samples, "clock": self.clock,
-                "exchange_seconds": self.exchange_seconds, "world_size": self.size,
+                "exchange_seconds": self.exchange_seconds, "exchanges": self.exchanges,
+                "world_size": self.size,
                 "quiet_until": self._quiet_until}
 
     def load_state_dict(self, state: dict, global_batch: Optional[int] = None) -> None:
@@ -604,6 +607,7 @@ class DynamicBatching:
         self.step, self.samples = int(state["step"]), int(state["samples"])
         self.clock = float(state["clock"])
         self.exchange_seconds = float(state["exchange_seconds"])
+        self.exchanges = int(state.get("exchanges", 0))   # absent in checkpoints before it
         splits = [(int(s), tuple(int(b) for b in sp)) for s, sp in state["splits"]]
         saved_batch = sum(splits[0][1])
         if state["world_size"] != self.size or global_batch not in (None, saved_batch):

@@ -73,6 +73,10 @@ class SynchronousSteps:
         return self.batching.exchange_seconds
 
     @property
+    def exchanges(self) -> int:
+        return self.batching.exchanges
+
+    @property
     def global_batch(self) -> int:
         return self.batching.global_batch
 

@@ -483,6 +483,7 @@ class Trainer:
             "train_seconds": steps.clock,
             "samples_per_sec": steps.samples / steps.clock if steps.clock else 0.0,
             "exchange_seconds": steps.exchange_seconds,
+            "exchanges": steps.exchanges,
             "final_loss": run.last_loss,
             "final_accuracy": run.accuracy,
             "final_top5": run.top5,
