@@ -106,8 +106,9 @@ def main():
         f"Equal batches, no slowdown: {args.model} on {args.dataset}, global batch "
         f"{args.global_batch}, {args.steps} steps, 2 ranks x 1 thread, {args.repeats} runs "
         f"each in rotating turns; throughput from the median step time of the last 75% of "
-        f"steps; exchange + controller share = the time in the exchange calls (waiting for "
-        f"the gather included) over the training time; ms per exchange over all runs.",
+        f"steps; exchange + controller share = the exchanges' time (starting the gather, "
+        f"waiting for it, the controller) over the training time; ms per exchange over all "
+        f"runs.",
         ["launcher", "loop", "runs (samples/s)", "median (samples/s)", "vs plain Horovod",
          "exchange + controller share", "exchanges per job", "ms per exchange"], rows)
 

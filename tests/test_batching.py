@@ -307,6 +307,22 @@ def test_holds_after_a_kept_split_whatever_the_times_and_never_without_times():
     assert not holds((32, 32), (33, 31), [1.0, float("nan")])
 
 
+class SlowStartPeer(EvenPeer):
+    """Takes 50 ms to start a gather."""
+
+    def allgather_async(self, values):
+        time.sleep(0.05)
+        return super().allgather_async(values)
+
+
+def test_starting_the_gather_inside_a_step_counts_as_the_exchange_not_the_step():
+    batching = DynamicBatching(DATA, 64, SlowStartPeer(), adjust_every=2, untimed_steps=0)
+    take(batching.loader(), batching, 2)
+    assert batching.exchanges == 1 and batching.exchange_seconds >= 0.05
+    assert batching.last_step_seconds < 0.05 and batching.timer.smoothed < 0.05
+    assert batching.clock >= batching.exchange_seconds + batching.last_step_seconds
+
+
 def test_without_a_hold_the_exchanges_come_every_adjust_every_steps():
     peer = EvenPeer()
     batching = DynamicBatching(DATA, 64, peer, adjust_every=2, untimed_steps=0,

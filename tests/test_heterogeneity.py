@@ -286,6 +286,12 @@ def test_timer_error_is_the_relative_standard_error_of_its_median():
     assert median_error([1.1, 0.9, 1.05, 0.95, 10.0]) == median_error([1.1, 0.9, 1.05, 0.95, 1.2])
     window = np.array([[1.0, 2.0], [1.1, 2.2], [0.9, 1.8]])
     assert median_error(window) == pytest.approx([median_error(window[:, 0])] * 2)
+    # The timer's own (plain Python) reading is median_error's, at odd and even windows.
+    for steps in ([0.007, 0.0081, 0.0069], [0.007, 0.0081, 0.0069, 0.0302]):
+        timer = StepTimer(window=5)
+        for seconds in steps:
+            timer.record(seconds)
+        assert timer.error == pytest.approx(median_error(steps), rel=1e-12)
 
 
 def test_batch_weight_is_the_share_of_the_step():

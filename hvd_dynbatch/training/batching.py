@@ -113,6 +113,11 @@ class StepExchange:
         """The steps noted and not yet gathered."""
         return len(self._steps) + (0 if self._started is None else len(self._started[1]))
 
+    @property
+    def started(self) -> bool:
+        """Whether a gather is under way (`start`)."""
+        return self._started is not None
+
     def add(self, step: int, epoch: int, batch: int, compute: float, loss: float,
             update: float = 0.0) -> None:
         """Note one step of this rank whose compute has ended, with the update before it
@@ -370,6 +375,7 @@ class DynamicBatching:
         plan, step, after = self._plans.popleft()
         self._current = (plan, step, started, after)
         self._compute, self._loss, self._reduced_at = None, math.nan, None
+        self._starting = 0.0             # of the step: starting an exchange's gather
 
     # -- the step: timing, closing, exchange --------------------------------------------------
 
@@ -397,7 +403,9 @@ class DynamicBatching:
         self._exchange.add(step, plan.epoch, plan.sizes[self.rank], self._compute, self._loss,
                            self.last_update_seconds)
         if self._exchange_due(step + 1):
+            began = time.perf_counter()
             self._exchange.start(self.comm, self._head())
+            self._starting = time.perf_counter() - began
 
     def gradients_reduced(self) -> None:
         """Mark that the handed-out step's allreduce has returned: the optimizer's update
@@ -426,9 +434,11 @@ class DynamicBatching:
         self.compute_done()
         _, step, started, after = self._current
         now = time.perf_counter()
-        self.last_step_seconds = now - started
+        # Starting the gather is the exchange's cost, not the step's.
+        self.last_step_seconds = now - started - self._starting
         self.last_update_seconds = 0.0 if self._reduced_at is None else now - self._reduced_at
-        self.clock += self.last_step_seconds
+        self.clock += self.last_step_seconds + self._starting
+        self.exchange_seconds += self._starting
         self._current, self._position, self.step = None, after, step + 1
         if self._exchange_due(self.step):
             self.exchange()
@@ -447,7 +457,9 @@ class DynamicBatching:
         if not self._exchange:
             return []
         started = time.perf_counter()
-        heads, records = self._exchange.gather(self.comm, self._head())
+        if not self._exchange.started:
+            self._exchange.start(self.comm, self._head())
+        heads, records = self._exchange.gather(self.comm)
         if not self._lag_checked:
             self._check_lags(heads[:, 0])
         for record in records:
