@@ -28,10 +28,11 @@ def hold_steps(adjust_every: int, hold_seconds: float, step_seconds: float) -> i
 
     An exchange and the controller cost about the same at any step time (on 2 CPU ranks
     1-1.6 ms under Gloo, 0.8-0.9 ms under MPI, a third or less of it the controller), so on
-    10 ms steps every 5 steps they take 2-3% of the training time, and on 1 s steps 0.03%. Spacing them while the split holds cuts the
-    first and leaves the second as it is; a change of speed while it holds is then seen, and
-    a stop request (`DynamicBatching.request_stop`) heard, within `hold_seconds` or
-    `adjust_every` steps, whichever is longer. The cap bounds the steps each exchange carries.
+    10 ms steps every 5 steps they take 2-3% of the training time, and on 1 s steps 0.03%.
+    Spacing them while the split holds cuts the first and leaves the second as it is; a
+    change of speed while it holds is then seen, and a stop request
+    (`DynamicBatching.request_stop`) heard, within `hold_seconds` or `adjust_every` steps,
+    whichever is longer. The cap bounds the steps each exchange carries.
     """
     if not (hold_seconds > 0 and step_seconds > 0 and math.isfinite(step_seconds)):
         return adjust_every

@@ -34,9 +34,9 @@ What happens in one step on rank i:
    time, loss) and their smoothed busy times with their errors; the controller computes the
    next split from them, the same on every rank, so no broadcast is needed. While the split
    holds (the controller kept it, or touched up a split whose busy times were within 10% of
-   each other: `core.timing.holds`), the next exchange waits for `hold_seconds` of steps, up to
-   4 times `adjust_every` (`core.timing.hold_steps`): on fast steps the exchange and the
-   controller cost 1-3% of the training time every 5 steps. The gather starts
+   each other: `core.timing.holds`), the next exchange waits for `hold_seconds` of steps,
+   up to 4 times `adjust_every` (`core.timing.hold_steps`): on fast steps the exchange and
+   the controller cost 1-3% of the training time every 5 steps. The gather starts
    when the exchange step's compute ends, before the optimizer waits for the gradients:
    one more small collective beside the gradients' allreduce, not a round of its own after
    it (at 20 ms steps an all-gather of its own took 2-3% of the training time under Gloo and
@@ -187,10 +187,10 @@ class DynamicBatching:
     stays. While the split holds (`core.timing.holds`), exchanges come every `hold_seconds`
     of steps (at the slowest rank's smoothed busy time) rather than every `adjust_every`
     steps, up to 4 times as far apart (`core.timing.hold_steps`); 0 keeps them every
-    `adjust_every` steps. A
-    caller that calls `exchange()` itself every `sync_every` steps too (an elastic job's
-    commits) says so, and those exchanges come as the scheduled ones do: their gathers start
-    beside the gradients' allreduce, where one of their own waits for Horovod's next cycle.
+    `adjust_every` steps. A caller that calls `exchange()` itself every `sync_every` steps
+    too (an elastic job's commits) says so, and those exchanges come as the scheduled ones
+    do: their gathers start beside the gradients' allreduce, where one of their own waits for
+    Horovod's next cycle.
 
     Building it is local; `step_done()` and `exchange()` are collectives: every rank calls
     them at the same steps (which the training loop's shape already ensures).
