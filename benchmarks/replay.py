@@ -67,8 +67,10 @@ def replay(records: list, untimed: int, lag: int, min_batch: int) -> tuple:
         decided = [int(b) for b in controller.update(split, times, errors)]
         replayed.append(decided)
         recorded.append(ran.get(done + lag))
-        quiet_until = done + hold_steps(config.adjust_every, hold_seconds, float(
-            np.max(times))) if holds(split, decided, times) else 0
+        quiet_until = 0
+        if holds(split, decided, times):
+            quiet_until = done + hold_steps(config.adjust_every, hold_seconds,
+                                            float(np.max(times)))
         if len(replayed) == 3 and controller.config.rule is Rule.MODEL:
             fixed = controller.state.fixed.copy()
     return readings, replayed, recorded, fixed

@@ -143,15 +143,15 @@ class StepExchange:
         handler (it only sets a flag)."""
         self._stop_here = True
 
-    def gather(self, comm: Communicator, head: Sequence[float] = ()):
-        """All-gather `head` (a few values per rank) and the noted steps, or finish the
-        gather `start` began (with its head); returns the gathered heads, shape
-        (size, len(head)), and the steps' records. Clears the notes.
+    def gather(self, comm: Communicator):
+        """Finish the gather `start` began, or all-gather the noted steps alone if none is
+        under way; returns the gathered heads, shape (size, len(head)), and the steps'
+        records. Clears the notes.
 
         Collective: every rank calls it with the same number of steps noted.
         """
         if self._started is None:
-            self.start(comm, head)
+            self.start(comm)
         result, steps, width = self._started
         self._started = None
         gathered = result()
