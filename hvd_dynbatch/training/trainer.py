@@ -58,7 +58,7 @@ def train(config: TrainConfig, backend: Optional[Backend] = None) -> dict:
     comm = backend.communicator()
     # Elastic workers start at different times (a joiner while the others train), so only a
     # fixed world agrees on its start; Horovod Elastic handles a worker that fails.
-    with contextlib.nullcontext() if config.elastic else _every_rank_starts(comm):
+    with contextlib.nullcontext() if config.elastic else _every_rank_starts(comm, backend):
         trainer = Trainer(config, backend)
         committed = trainer.restore() if config.resume else None
         if not config.elastic:
@@ -99,20 +99,26 @@ def _last_collective_done(backend: Backend):
 
 
 @contextlib.contextmanager
-def _every_rank_starts(comm: Communicator):
+def _every_rank_starts(comm: Communicator, backend: Backend):
     """Run the start-up (building the trainer: the data, the model, the checks against the
     world) on every rank, then agree: if it failed anywhere, every rank raises, its own
-    error or one naming the ranks that failed.
+    error or one naming the ranks that failed, after a barrier.
 
-    Collective: one all-gather after the start-up. Without it a rank that fails fast exits
-    while the others are still starting; Horovod then shuts them down under their feet (on
-    MPI, a segfault in the middle of an MPI call) or they wait for it in a collective."""
+    Collective: one all-gather after the start-up, and a barrier if it failed. Without the
+    all-gather a rank that fails fast exits while the others are still starting; Horovod then
+    shuts them down under their feet (on MPI, a segfault in the middle of an MPI call) or
+    they wait for it in a collective. Without the barrier a rank can leave the all-gather
+    first and exit while another is still in it, as `_last_collective_done` describes: seen
+    once in 4 fresh-clone test runs (2026-12-05), rank 1 of 2 segfaulting under
+    `horovodrun --mpi` before it printed its error."""
     error = None
     try:
         yield
     except Exception as exc:
         error = exc
     failed = np.flatnonzero(comm.allgather([error is not None])[:, 0])
+    if failed.size:
+        backend.barrier()
     if error is not None:
         raise error
     if failed.size:
