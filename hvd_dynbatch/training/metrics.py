@@ -131,6 +131,27 @@ def steady_throughput(records: list, skip_fraction: float = 0.25) -> float:
     return batch / statistics.median(r["step_time"] for r in kept)
 
 
+def first_move(records: list) -> Optional[int]:
+    """The first step a run trained at an uneven split (two ranks' batches more than one
+    sample apart): under dynamic batching, where the controller's first move took effect.
+    None if every step ran at equal batches."""
+    return next((r["step"] for r in step_records(records)
+                 if max(r["batch_sizes"]) - min(r["batch_sizes"]) > 1), None)
+
+
+def throughput_from(records: list, step: int) -> float:
+    """Samples per second of a run's steps from `step` on, by its training clock (the steps
+    and the exchanges, as the summary's `samples_per_sec` counts them), in a run whose
+    steps were recorded once each (no elastic reset)."""
+    steps = step_records(records)
+    before = [r["time"] for r in steps if r["step"] < step]
+    after = [r for r in steps if r["step"] >= step]
+    if not after:
+        raise DynBatchError(f"the run recorded no steps from step {step} on")
+    seconds = after[-1]["time"] - (before[-1] if before else 0.0)
+    return sum(r["global_batch"] for r in after) / seconds
+
+
 def truncate_metrics(path: str, step: int) -> None:
     """Keep what a run resumed at `step` has already done: the records of steps before
     `step` and of events (evaluations, resets) at it or before; drop the rest and the
