@@ -16,6 +16,7 @@ With `--seeds N` every figure is the median over N clusters (rates and noise dra
 0 to N - 1), as one seed's noise can move a rule's adjustments to the target by several.
 
     python benchmarks/fixed_costs.py [--target 0.97] [--workers 8,64,256,1024,4096] [--seeds 1]
+        [--events "10:slow=0.1@2;20:leave=0.25;30:join=0.25"]
 """
 from __future__ import annotations
 
@@ -71,6 +72,8 @@ def main():
     parser.add_argument("--workers", default="8,64,256,1024,4096")
     parser.add_argument("--adjustments", type=int, default=30)
     parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--events", default=EVENTS,
+                        help="the second table's schedule (simulator.Event syntax)")
     args = parser.parse_args()
     if args.seeds < 1:
         parser.error(f"--seeds must be at least 1, got {args.seeds}")
@@ -89,7 +92,7 @@ def main():
     for n in workers:
         for rule in Rule:
             base = Scenario(n, overhead=0.05, adjustments=40,
-                            events=tuple(Event.parse_schedule(EVENTS)))
+                            events=tuple(Event.parse_schedule(args.events)))
             quiet, noisy, _ = quiet_and_noisy(base, rule, args.target, args.seeds)
             for q, s in zip(quiet[1:], noisy[1:]):
                 event_rows.append([n, rule.value, f"at {q[0]['start']}", q[0]["workers"],
@@ -118,7 +121,7 @@ def main():
          f"5% noise: to {target}", "5% noise: held", "controller ms"], rows)
     print()
     print_report(
-        f"After events ({EVENTS}): overhead 0.05 s, spread 4, 40 adjustments; the same "
+        f"After events ({args.events}): overhead 0.05 s, spread 4, 40 adjustments; the same "
         f"columns per segment after each event (a leave or join restarts from an even split).",
         ["workers", "rule", "event", "workers after", f"no noise: to {target}",
          "no noise: held", f"5% noise: to {target}", "5% noise: held"], event_rows)
