@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ..core.heterogeneity import Slowdown
-from ..training.metrics import first_move, step_records, throughput_from
+from ..training.metrics import clock_before, first_move, step_records, throughput_from
 from .jobs import ideal_speedup, run_training_job, standalone_rates, summary_of
 from .report import markdown_table
 
@@ -64,8 +64,7 @@ def _after_first_move(static: list, dynamic: list) -> str:
         return f"the controller's first split took effect at step {first}, after the end " \
                f"of the static run"
     rates = [throughput_from(records, first) for records in (static, dynamic)]
-    times = {r["step"]: r["time"] for r in step_records(dynamic)}
-    share = times[first - 1] / summary_of(dynamic)["train_seconds"] if first else 0.0
+    share = clock_before(dynamic, first) / summary_of(dynamic)["train_seconds"]
     return (f"from step {first} on, where the controller's first split took effect: "
             f"{rates[1] / rates[0]:.2f}x (samples/s: static {rates[0]:.0f}, dynamic "
             f"{rates[1]:.0f}); the {first} steps before it, at equal batches while the "

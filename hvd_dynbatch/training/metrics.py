@@ -139,16 +139,21 @@ def first_move(records: list) -> Optional[int]:
                  if max(r["batch_sizes"]) - min(r["batch_sizes"]) > 1), None)
 
 
+def clock_before(records: list, step: int) -> float:
+    """A run's training clock (its steps and exchanges) when `step` started: the time of
+    the last step recorded before it, 0 at the start. For a run whose steps were recorded
+    once each (no elastic reset)."""
+    before = [r["time"] for r in step_records(records) if r["step"] < step]
+    return before[-1] if before else 0.0
+
+
 def throughput_from(records: list, step: int) -> float:
-    """Samples per second of a run's steps from `step` on, by its training clock (the steps
-    and the exchanges, as the summary's `samples_per_sec` counts them), in a run whose
-    steps were recorded once each (no elastic reset)."""
-    steps = step_records(records)
-    before = [r["time"] for r in steps if r["step"] < step]
-    after = [r for r in steps if r["step"] >= step]
+    """Samples per second of a run's steps from `step` on, by its training clock, as the
+    summary's `samples_per_sec` counts them (`clock_before`)."""
+    after = [r for r in step_records(records) if r["step"] >= step]
     if not after:
         raise DynBatchError(f"the run recorded no steps from step {step} on")
-    seconds = after[-1]["time"] - (before[-1] if before else 0.0)
+    seconds = after[-1]["time"] - clock_before(records, step)
     return sum(r["global_batch"] for r in after) / seconds
 
 
