@@ -396,6 +396,43 @@ class TestModelRule:
         c.update(split, 1.15 * self.times(split, fixed, rates))
         assert c.state.scatter == pytest.approx(0.0, abs=1e-9)
 
+    def test_a_lasting_change_every_worker_shares_keeps_every_line(self):
+        # Every step 15% longer from now on: each line misses by log 1.15 = 0.14, seven
+        # standard errors of an exact reading, but no worker changed against the others, so
+        # the equal-time split stands and no line is forgotten.
+        fixed, rates = np.full(8, 0.1), np.linspace(100.0, 450.0, 8)
+        c = BatchController(ControllerConfig(400, rule=Rule.MODEL))
+        reference = BatchController(ControllerConfig(400, rule=Rule.MODEL))
+        split = self.adjust(c, np.full(8, 50), fixed, rates, 5)
+        self.adjust(reference, np.full(8, 50), fixed, rates, 9)
+        for _ in range(4):
+            split = c.update(split, 1.15 * self.times(split, fixed, rates))
+        assert c.state.moments[0] == pytest.approx(reference.state.moments[0])
+
+    def test_a_lasting_slowdown_under_the_threshold_forgets_only_that_workers_line(self):
+        fixed, rates = np.full(8, 0.1), np.linspace(100.0, 450.0, 8)
+        c = BatchController(ControllerConfig(400, rule=Rule.MODEL))
+        split = self.adjust(c, np.full(8, 50), fixed, rates, 5)
+        slowed = rates.copy()
+        slowed[3] /= 1.2
+        split = self.adjust(c, split, fixed, slowed, 2)
+        weights = c.state.moments[0]
+        assert weights[3] < 2 and (np.delete(weights, 3) > 4).all()
+        times = self.times(split, fixed, slowed)
+        assert times.max() / times.min() < 1.05
+
+    def test_a_state_saved_while_misses_accumulate_resumes_them(self):
+        fixed, rates = [0.05, 0.05], np.array([100.0, 100.0])
+        c = BatchController(ControllerConfig(100, rule=Rule.MODEL))
+        split = self.adjust(c, np.array([50, 50]), fixed, rates, 10)
+        rates[0] /= 1.12
+        split = self.adjust(c, split, fixed, rates, 1)
+        assert c.state.persist.max() > 0
+        restored = BatchController(c.config, ControllerState.from_state_dict(
+            c.state.state_dict()))
+        assert self.adjust(restored, split, fixed, rates, 4).tolist() == \
+            self.adjust(c, split, fixed, rates, 4).tolist()
+
     def test_errors_of_another_shape_are_refused(self):
         with pytest.raises(DynBatchError, match="errors"):
             BatchController(ControllerConfig(64, rule=Rule.MODEL)).update(

@@ -75,13 +75,16 @@ largest remainder, B exact. Without fixed costs it does as well as "pid". The fi
   fits' noise e^2 is at least its square. A proportional line only bounds the time at
   another batch, so its allowance grows by |log(b / mean b)|;
 * misses that keep one sign are a change of speed too (a CUSUM per worker and direction:
-  each adjustment adds the miss beyond that allowance in standard errors, sqrt(e^2 +
-  spread^2 + 0.02^2), less 1, floored at 0; over 5 is a change). A worker 20% slower for
-  good misses by 0.18, under the threshold's log 1.25, and was folded into its line, which
-  the forgetting moves only 1/memory a step: after a tenth of the workers slowed by 1.2 the
-  split held 90.6-91.5% of the ideal for 10 adjustments without noise, and now reaches 97%
-  in 1 (`benchmarks/RESULTS.md`, "Moderate slowdowns"). Noise of either sign and drift
-  drawn afresh each window do not accumulate;
+  each adjustment adds the miss, less the median miss of the calibrated workers, beyond
+  that allowance in standard errors, sqrt(e^2 + spread^2 + 0.02^2), less 1, floored at 0;
+  over 5 is a change). A worker 20% slower for good misses by 0.18, under the threshold's
+  log 1.25, and was folded into its line, which the forgetting moves only 1/memory a step:
+  after a tenth of the workers slowed by 1.2 the split held 90.6-91.5% of the ideal for 10
+  adjustments without noise, and now reaches 97% in 1 (`benchmarks/RESULTS.md`, "Moderate
+  slowdowns"). Noise of either sign and drift drawn afresh each window do not accumulate.
+  A change every worker shares leaves the equal-time split where it was, so the median
+  miss is taken out: without that, 8 workers with 3% noise, all 15% slower for good, lost
+  every line and their split read an imbalance of up to 1.14, against 1.04 with it;
 * no worker's target is below 0.6 of its batch in "p"'s split of the same readings: with two
   workers the prior is the two fits' own and cannot pull a wild one back (after a swap of
   slowdowns a line through two readings claimed 0.60 s of fixed cost and sent a worker to 1
@@ -455,7 +458,7 @@ class BatchController:
             miss = np.log(t / (fixed + slope * b))
             changed = np.abs(miss) > max(np.log1p(cfg.change_threshold),
                                          _CHANGE_SIGMAS * st.scatter) + leeway
-            changed |= self._persists(miss, leeway, e, changed)
+            changed |= self._persists(miss, leeway, e, changed, calibrated)
             st.moments[:, changed], st.fixed[changed] = 0.0, np.nan
             st.persist[:, changed] = 0.0
             self._fold_scatter(miss[calibrated & ~changed])
@@ -480,15 +483,19 @@ class BatchController:
         return st.allocation
 
     def _persists(self, miss: np.ndarray, leeway: np.ndarray, e: np.ndarray,
-                  changed: np.ndarray) -> np.ndarray:
+                  changed: np.ndarray, calibrated: np.ndarray) -> np.ndarray:
         """Which workers' misses have kept one sign long enough to be a change of speed too
-        small for the threshold (see the module docstring): each CUSUM adds the miss beyond
-        the leeway in standard errors (the reading's, the scatter's and `_PERSIST_FLOOR`
+        small for the threshold (see the module docstring): each CUSUM adds the miss less
+        the median of the calibrated unchanged workers' (a shared change), beyond the
+        leeway, in standard errors (the reading's, the scatter's and `_PERSIST_FLOOR`
         combined) less `_PERSIST_ALLOWANCE`, floored at 0."""
         st = self.state
         if st.persist is None or st.persist.shape != (2, miss.size):
             st.persist = np.zeros((2, miss.size))
         sigma = np.sqrt(e * e + st.scatter ** 2 + _PERSIST_FLOOR ** 2)
+        shared = miss[calibrated & ~changed & np.isfinite(miss)]
+        if shared.size >= 2:
+            miss = miss - _median(shared)
         beyond = np.sign(miss) * np.maximum(np.abs(miss) - leeway, 0.0)
         z = np.where(changed | ~np.isfinite(beyond), 0.0, beyond / sigma)
         st.persist[0] = np.maximum(st.persist[0] + z - _PERSIST_ALLOWANCE, 0.0)
