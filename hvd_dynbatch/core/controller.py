@@ -84,7 +84,10 @@ largest remainder, B exact. Without fixed costs it does as well as "pid". The fi
   slowdowns"). Noise of either sign and drift drawn afresh each window do not accumulate.
   A change every worker shares leaves the equal-time split where it was, so the median
   miss is taken out: without that, 8 workers with 3% noise, all 15% slower for good, lost
-  every line and their split read an imbalance of up to 1.14, against 1.04 with it;
+  every line and their split read an imbalance of up to 1.14, against 1.04 with it. Two
+  workers are the weak case: their median takes half of one worker's change from each, and
+  the change enters the misses' spread (on 2 CPU ranks, one slowed by 1.2, the sums peaked
+  at 1.3), so there the threshold alone sees a change;
 * no worker's target is below 0.6 of its batch in "p"'s split of the same readings: with two
   workers the prior is the two fits' own and cannot pull a wild one back (after a swap of
   slowdowns a line through two readings claimed 0.60 s of fixed cost and sent a worker to 1
