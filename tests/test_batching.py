@@ -10,8 +10,8 @@ from torch.utils.data import TensorDataset
 from hvd_dynbatch.backend.comm import Communicator, LocalCommunicator
 from hvd_dynbatch.backend.weighting import LocalOptimizer
 from hvd_dynbatch.core.controller import ControllerConfig, Rule
-from hvd_dynbatch.core.timing import (HOLD_FACTOR, WARMUP_STEPS, exchange_due, hold_steps,
-                                      holds)
+from hvd_dynbatch.core.timing import (HOLD_FACTOR, WARMUP_STEPS, exchange_due, hold_end,
+                                      hold_steps, holds)
 from hvd_dynbatch.errors import DynBatchError
 from hvd_dynbatch.training.batching import DynamicBatching
 
@@ -333,14 +333,21 @@ def test_without_a_hold_the_exchanges_come_every_adjust_every_steps():
 
 
 def test_a_hold_keeps_the_exchanges_the_caller_makes_every_sync_every_steps():
-    """An elastic job commits every `sync_every` steps, after an exchange of its own."""
+    """An elastic job commits every `sync_every` steps, after an exchange of its own. In a
+    hold those exchanges only gather; the hold ends at the last of them within it, where the
+    controller acts again."""
     peer = EvenPeer()
     batching = DynamicBatching(DATA, 64, peer, adjust_every=2, untimed_steps=0, sync_every=3,
                                controller=ControllerConfig(64, rule=Rule.P))
     gathers = gather_steps(peer, batching)
+    adjusted, update = [], batching.controller.update
+    batching.controller.update = lambda *a: adjusted.append(batching.step) or update(*a)
     take(batching.loader(), batching, 12)
-    # The first holds to step 10, and each sync exchange holds again: 3 to 11, 6 to 14 ...
+    # The first holds 8 steps, to the sync exchange at 9 (not 10); that one to 15.
     assert gathers == [2, 3, 6, 9, 12]
+    assert adjusted == [2, 9]
+    assert batching.state_dict()["quiet_until"] == 15
+    assert [r.step for r in batching.take_records()] == list(range(12))
     with pytest.raises(DynBatchError, match="sync_every"):
         DynamicBatching(DATA, 64, peer, sync_every=-1)
 
@@ -355,6 +362,17 @@ def test_a_hold_keeps_the_exchanges_the_caller_makes_every_sync_every_steps():
 def test_a_hold_lasts_hold_seconds_of_steps_within_its_bounds(step_seconds, steps):
     assert hold_steps(5, 0.25, step_seconds) == steps
     assert hold_steps(5, 0.0, step_seconds) == 5
+
+
+@pytest.mark.parametrize("step, hold, sync_every, end", [
+    (10, 20, 10, 30),    # the hold ends at a sync exchange anyway
+    (25, 20, 10, 40),    # at the last sync exchange before 45
+    (10, 8, 10, 18),     # none within it
+    (10, 20, 0, 30),     # no sync exchanges
+    (7, 4, 3, 9),
+])
+def test_a_hold_ends_at_the_last_sync_exchange_within_it(step, hold, sync_every, end):
+    assert hold_end(step, hold, sync_every) == end
 
 
 def test_an_exchange_is_due_every_adjust_every_steps_after_a_hold_and_at_each_sync():

@@ -66,8 +66,8 @@ from torch.utils.data import DataLoader
 from ..backend.comm import Communicator
 from ..core.controller import BatchController, ControllerConfig, ControllerState
 from ..core.sampler import StepPlan, VariableBatchSampler
-from ..core.timing import (HOLD_SECONDS, WARMUP_STEPS, StepTimer, exchange_due, hold_steps,
-                           holds)
+from ..core.timing import (HOLD_SECONDS, WARMUP_STEPS, StepTimer, exchange_due, hold_end,
+                           hold_steps, holds)
 from ..errors import DynBatchError
 
 # Each step's facts in the exchange: batch, compute seconds, update seconds, loss.
@@ -190,7 +190,8 @@ class DynamicBatching:
     `adjust_every` steps. A caller that calls `exchange()` itself every `sync_every` steps
     too (an elastic job's commits) says so, and those exchanges come as the scheduled ones
     do: their gathers start beside the gradients' allreduce, where one of their own waits for
-    Horovod's next cycle.
+    Horovod's next cycle. During a hold they gather the steps and leave the controller
+    alone, and a hold ends at the last of them within it (`core.timing.hold_end`).
 
     Building it is local; `step_done()` and `exchange()` are collectives: every rank calls
     them at the same steps (which the training loop's shape already ensures).
@@ -449,7 +450,8 @@ class DynamicBatching:
         return exchange_due(steps_done, self.adjust_every, self._quiet_until, self.sync_every)
 
     def exchange(self) -> List[StepRecord]:
-        """Gather the facts of the steps since the last exchange; let the controller act.
+        """Gather the facts of the steps since the last exchange; let the controller act,
+        unless the split holds until a later step (`core.timing.hold_end`).
 
         Collective: every rank calls it at the same steps. Returns the steps' records (also
         kept for `take_records()`). Does nothing when no step is pending.
@@ -471,13 +473,14 @@ class DynamicBatching:
                 self.last_full_split = record.batch_sizes
         self._records.extend(records)
         smoothed = heads[:, 1]
-        # A hold ends where a split decided before it (`set_global_batch`) starts.
-        decided = [first for first, _ in self._splits if first > self.step]
-        if self._control(smoothed, heads[:, 2]):
-            hold = hold_steps(self.adjust_every, self.hold_seconds, float(smoothed.max()))
-            self._quiet_until = min([self.step + hold] + decided)
-        else:
-            self._quiet_until = 0
+        if self.step >= self._quiet_until:     # in a hold, the caller's exchanges only gather
+            # A hold ends where a split decided before it (`set_global_batch`) starts.
+            decided = [first for first, _ in self._splits if first > self.step]
+            if self._control(smoothed, heads[:, 2]):
+                hold = hold_steps(self.adjust_every, self.hold_seconds, float(smoothed.max()))
+                self._quiet_until = min([hold_end(self.step, hold, self.sync_every)] + decided)
+            else:
+                self._quiet_until = 0
         self._forget_past_splits()
         elapsed = time.perf_counter() - started
         self.exchange_seconds += elapsed
