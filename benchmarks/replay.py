@@ -29,20 +29,22 @@ import numpy as np
 from common import print_report
 
 from hvd_dynbatch.core.controller import BatchController, Rule
-from hvd_dynbatch.core.timing import WARMUP_STEPS, StepTimer, exchange_due, hold_steps, holds
+from hvd_dynbatch.core.timing import (WARMUP_STEPS, StepTimer, exchange_due, hold_end,
+                                      hold_steps, holds)
 from hvd_dynbatch.training.config import TrainConfig
 from hvd_dynbatch.training.metrics import busy_times, read_metrics, step_records
 
 
 def replay(records: list, untimed: int, lag: int, min_batch: int) -> tuple:
-    """The readings at each exchange, (split, every rank's smoothed time, their errors), as
-    the ranks' timers read them; the splits the controller decides from them; those the job
-    ran from the step each decision took effect (`lag` steps after the next one; None past
-    the job's end); and the fixed costs the "model" rule fitted at the third adjustment
-    (None for other rules). The exchanges come where the job's came
+    """The readings at each adjustment, (split, every rank's smoothed time, their errors),
+    as the ranks' timers read them; the splits the controller decides from them; those the
+    job ran from the step each decision took effect (`lag` steps after the next one; None
+    past the job's end); and the fixed costs the "model" rule fitted at the third adjustment
+    (None for other rules). The adjustments come at the job's exchanges
     (`core.timing.exchange_due`): every `adjust_every` steps, spaced out while the split
     holds (`holds`, `hold_steps`; runs whose config has no `hold_seconds` predate it and had
-    none), and an elastic job's at each commit."""
+    none), and an elastic job's at each commit outside a hold (`hold_end`; jobs before
+    e39657a adjusted at every commit, so their replays tell splits they did not make)."""
     config = TrainConfig(**records[-1]["config"])
     hold_seconds = records[-1]["config"].get("hold_seconds", 0.0)
     sync_every = config.commit_every if config.elastic else 0
@@ -60,7 +62,8 @@ def replay(records: list, untimed: int, lag: int, min_batch: int) -> tuple:
                 timer.time_at(split)
                 timer.record(seconds)
         done = record["step"] + 1
-        if not exchange_due(done, config.adjust_every, quiet_until, sync_every):
+        if done < quiet_until or not exchange_due(done, config.adjust_every, quiet_until,
+                                                  sync_every):
             continue
         times, errors = [t.smoothed for t in timers], [t.error for t in timers]
         readings.append((split, times, errors))
@@ -69,8 +72,8 @@ def replay(records: list, untimed: int, lag: int, min_batch: int) -> tuple:
         recorded.append(ran.get(done + lag))
         quiet_until = 0
         if holds(split, decided, times):
-            quiet_until = done + hold_steps(config.adjust_every, hold_seconds,
-                                            float(np.max(times)))
+            quiet_until = hold_end(done, hold_steps(config.adjust_every, hold_seconds,
+                                                    float(np.max(times))), sync_every)
         if len(replayed) == 3 and controller.config.rule is Rule.MODEL:
             fixed = controller.state.fixed.copy()
     return readings, replayed, recorded, fixed
