@@ -62,8 +62,8 @@ def replay(records: list, untimed: int, lag: int, min_batch: int) -> tuple:
                 timer.time_at(split)
                 timer.record(seconds)
         done = record["step"] + 1
-        if done < quiet_until or not exchange_due(done, config.adjust_every, quiet_until,
-                                                  sync_every):
+        if done < quiet_until or not exchange_due(done, config.adjust_every,
+                                                  sync_every=sync_every):
             continue
         times, errors = [t.smoothed for t in timers], [t.error for t in timers]
         readings.append((split, times, errors))

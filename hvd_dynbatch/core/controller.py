@@ -494,8 +494,8 @@ class BatchController:
         """Which workers' misses have kept one sign long enough to be a change of speed too
         small for the threshold (see the module docstring): each CUSUM adds the miss less
         the median of the calibrated unchanged workers' (a shared change; with three of them
-        or more), beyond the leeway, in standard errors (the reading's, the scatter's and `_PERSIST_FLOOR`
-        combined) less `_PERSIST_ALLOWANCE`, floored at 0."""
+        or more), beyond the leeway, in standard errors (the reading's, the scatter's and
+        `_PERSIST_FLOOR` combined) less `_PERSIST_ALLOWANCE`, floored at 0."""
         st = self.state
         if st.persist is None or st.persist.shape != (2, miss.size):
             st.persist = np.zeros((2, miss.size))
