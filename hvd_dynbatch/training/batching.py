@@ -473,7 +473,7 @@ class DynamicBatching:
                 self.last_full_split = record.batch_sizes
         self._records.extend(records)
         smoothed = heads[:, 1]
-        if self.step >= self._quiet_until:     # in a hold, the caller's exchanges only gather
+        if self.step >= self._quiet_until:     # not in a hold (in one, exchanges only gather)
             # A hold ends where a split decided before it (`set_global_batch`) starts.
             decided = [first for first, _ in self._splits if first > self.step]
             if self._control(smoothed, heads[:, 2]):
