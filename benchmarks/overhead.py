@@ -2,10 +2,10 @@
 
 Jobs of 2 ranks with no emulated slowdown, the same model, data and global batch, under
 `horovodrun --gloo`, horovodrun's elastic mode, `horovodrun --mpi` and `mpirun`: plain
-`hvd.DistributedOptimizer` (benchmarks/plain_horovod.py; not under elastic, which needs
-Horovod's elastic state) and `hvd-dynbatch train` with static and with dynamic batching.
-They run in turns, `--repeats` times, each round starting with a different job, and the
-median of each is compared with plain Horovod under the same launcher (elastic: under Gloo).
+`hvd.DistributedOptimizer` (benchmarks/plain_horovod.py; under elastic, in Horovod's elastic
+state, committed as often as `train --elastic` commits) and `hvd-dynbatch train` with static
+and with dynamic batching. They run in turns, `--repeats` times, each round starting with a
+different job, and the median of each is compared with plain Horovod under the same launcher.
 It also prints the share of the training time that the timing exchange and the controller
 took, how many exchanges a job made and what one cost. Fast steps make that share large, so
 the default is the CNN on the digits.
@@ -25,6 +25,7 @@ from common import DISCOVER, print_report
 
 from hvd_dynbatch.tools.jobs import measuring_run, run_training_job
 from hvd_dynbatch.tools.launch import Launcher, run_local
+from hvd_dynbatch.training.config import TrainConfig
 from hvd_dynbatch.training.metrics import steady_throughput
 
 HERE = Path(__file__).resolve().parent
@@ -33,14 +34,27 @@ LAUNCHES = {"horovodrun --gloo": (Launcher.GLOO, False), "elastic": (Launcher.GL
             "horovodrun --mpi": (Launcher.MPI, False), "mpirun": (Launcher.MPIRUN, False)}
 
 
-def plain_horovod(args, launcher: Launcher, workdir: str) -> float:
+def launch_options(launch: str, workdir: str) -> dict:
+    """How `run_local` starts a job of 2 ranks under `launch`."""
+    launcher, elastic = LAUNCHES[launch]
+    if not elastic:
+        return {"launcher": launcher}
+    hosts = Path(workdir) / "hosts.txt"
+    hosts.write_text("localhost:2\n")
+    return {"launcher": launcher, "elastic_discovery": DISCOVER, "min_np": 2, "max_np": 2,
+            "env": {"HVD_DYNBATCH_HOSTS_FILE": str(hosts)}}
+
+
+def plain_horovod(args, launch: str, workdir: str) -> float:
     output = Path(workdir) / "plain.json"
     output.unlink(missing_ok=True)
-    job = run_local(launcher, 2, [sys.executable, str(HERE / "plain_horovod.py"),
-                                  "--model", args.model, "--dataset", args.dataset,
-                                  "--global-batch", str(args.global_batch),
-                                  "--steps", str(args.steps), "--output", str(output)],
-                    timeout=600)
+    commits = ["--commit-every", str(TrainConfig.commit_every)] if LAUNCHES[launch][1] else []
+    options = launch_options(launch, workdir)
+    job = run_local(options.pop("launcher"), 2,
+                    [sys.executable, str(HERE / "plain_horovod.py"), "--model", args.model,
+                     "--dataset", args.dataset, "--global-batch", str(args.global_batch),
+                     "--steps", str(args.steps), "--output", str(output), *commits],
+                    timeout=600, **options)
     if job.returncode != 0 or not output.exists():
         raise SystemExit(f"plain Horovod run failed:\n{(job.stdout + job.stderr)[-2000:]}")
     return json.loads(output.read_text())["samples_per_sec"]
@@ -48,13 +62,8 @@ def plain_horovod(args, launcher: Launcher, workdir: str) -> float:
 
 def ours(options: list, launch: str, workdir: str) -> list:
     """The records of a `hvd-dynbatch train` job of 2 ranks under `launch`."""
-    launcher, elastic = LAUNCHES[launch]
-    if not elastic:
-        return run_training_job(2, options, launcher=launcher)
-    hosts = Path(workdir) / "hosts.txt"
-    hosts.write_text("localhost:2\n")
-    return run_training_job(2, [*options, "--elastic"], elastic_discovery=DISCOVER,
-                            min_np=2, max_np=2, env={"HVD_DYNBATCH_HOSTS_FILE": str(hosts)})
+    elastic = ["--elastic"] if LAUNCHES[launch][1] else []
+    return run_training_job(2, [*options, *elastic], **launch_options(launch, workdir))
 
 
 def main():
@@ -69,8 +78,7 @@ def main():
     options = ["--model", args.model, "--dataset", args.dataset, "--global-batch",
                str(args.global_batch), *measuring_run(args.steps), "--lr", "0.05"]
     jobs = [(launch, loop) for launch in args.launches
-            for loop in ("plain Horovod", "static", "dynamic")
-            if not (loop == "plain Horovod" and LAUNCHES[launch][1])]
+            for loop in ("plain Horovod", "static", "dynamic")]
     rates = {job: [] for job in jobs}
     shares = {job: [] for job in jobs}
     exchanges = {job: [] for job in jobs}
@@ -81,7 +89,7 @@ def main():
             for launch, loop in jobs[shift:] + jobs[:shift]:
                 print(f"round {repeat + 1}: {launch}, {loop} ...", file=sys.stderr)
                 if loop == "plain Horovod":
-                    rates[launch, loop].append(plain_horovod(args, LAUNCHES[launch][0], workdir))
+                    rates[launch, loop].append(plain_horovod(args, launch, workdir))
                     continue
                 records = ours([*options, "--batching", loop], launch, workdir)
                 rates[launch, loop].append(steady_throughput(records))
@@ -92,8 +100,7 @@ def main():
                                                 summary["exchange_seconds"]))
     rows = []
     for (launch, loop), values in rates.items():
-        base_launch = "horovodrun --gloo" if LAUNCHES[launch][1] else launch
-        base = rates.get((base_launch, "plain Horovod"))
+        base = rates.get((launch, "plain Horovod"))
         rate = statistics.median(values)
         share, made = shares[launch, loop], exchanges[launch, loop]
         rows.append([launch, loop, [round(v) for v in values], rate,

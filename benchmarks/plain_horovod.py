@@ -4,8 +4,11 @@ Run under a launcher (horovodrun -np 2 ... python benchmarks/plain_horovod.py ..
 takes an equal slice of the same shuffled order, `hvd.DistributedOptimizer` averages the
 gradients, and nothing is timed per rank or exchanged; glibc keeps freed memory, as on the
 train command's CPU ranks (`backend.host_memory`), so the two loops differ only in what they
-do. Rank 0 prints one JSON line with the median step time and the throughput derived from it
-(to `--output`, if given, instead of stdout: a launcher can break a rank's output lines).
+do. With `--commit-every N` the loop runs under Horovod Elastic (in horovodrun's elastic mode)
+as an elastic `hvd-dynbatch train` job's does: a `TorchState` of the model and optimizer,
+committed every N steps. Rank 0 prints one JSON line with the median step time, the
+throughput derived from it and the commits made (to `--output`, if given, instead of stdout: a
+launcher can break a rank's output lines).
 """
 from __future__ import annotations
 
@@ -32,6 +35,8 @@ def main():
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--output", help="File for the JSON line (default: stdout).")
+    parser.add_argument("--commit-every", type=int, default=0,
+                        help="Run under Horovod Elastic, committing every N steps (0: not).")
     args = parser.parse_args()
 
     import horovod.torch as hvd
@@ -48,21 +53,33 @@ def main():
         named_parameters=model.named_parameters())
     local = args.global_batch // hvd.size()
     order = np.random.default_rng(0).permutation(len(data.train))
-    times = []
-    for step in range(args.steps):
-        start = (step * args.global_batch) % (len(order) - args.global_batch + 1)
-        mine = order[start + hvd.rank() * local:start + (hvd.rank() + 1) * local]
-        began = time.perf_counter()
-        x, y = data.train.fetch(mine)
-        optimizer.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        optimizer.step()
-        times.append(time.perf_counter() - began)
+    times, commits = [], []
+
+    def train(state):
+        while state.step < args.steps:
+            start = (state.step * args.global_batch) % (len(order) - args.global_batch + 1)
+            mine = order[start + hvd.rank() * local:start + (hvd.rank() + 1) * local]
+            began = time.perf_counter()
+            x, y = data.train.fetch(mine)
+            optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            times.append(time.perf_counter() - began)
+            state.step += 1
+            if args.commit_every and state.step % args.commit_every == 0:
+                state.commit()
+                commits.append(state.step)
+
+    if args.commit_every:
+        hvd.elastic.run(train)(hvd.elastic.TorchState(model=model, optimizer=optimizer, step=0))
+    else:
+        train(argparse.Namespace(step=0))
     if hvd.rank() == 0:
         kept = times[len(times) // 4:]
         median = statistics.median(kept)
         line = json.dumps({"median_step_time": median,
-                           "samples_per_sec": local * hvd.size() / median})
+                           "samples_per_sec": local * hvd.size() / median,
+                           "commits": len(commits)})
         if args.output:
             Path(args.output).write_text(line + "\n")
         else:

@@ -1,6 +1,7 @@
 """Smoke runs of the benchmark scripts that users run on their own clusters: they start and
 report what they promise (figures are the benchmarks' business, not the tests')."""
 import dataclasses
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from hvd_dynbatch.tools.launch import Launcher, local_env
 from launcher import PYTHON, run_ranks
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+DISCOVER = str(BENCHMARKS.parent / "hostfiles" / "discover_hosts.sh")
 
 
 def test_throughput_runs_as_ranks_of_an_mpirun_job():
@@ -28,6 +30,20 @@ def test_throughput_runs_as_ranks_of_an_mpirun_job():
     iters = [line for line in out.splitlines() if "Iter #" in line]
     assert "Number of CPUs: 2" in out and len(iters) == 1, out
     assert "img/sec per CPU" in iters[0] and "Total img/sec on 2 CPU(s):" in out, out
+
+
+def test_plain_horovod_runs_in_horovods_elastic_state_under_the_elastic_launcher(tmp_path):
+    """overhead.py's baseline for elastic jobs: plain Horovod committing as `train` does."""
+    hosts, output = tmp_path / "hosts.txt", tmp_path / "plain.json"
+    hosts.write_text("localhost:2\n")
+    job = run_ranks(Launcher.GLOO, 2, [
+        PYTHON, str(BENCHMARKS / "plain_horovod.py"), "--model", "linear", "--dataset",
+        "digits", "--global-batch", "32", "--steps", "12", "--commit-every", "5",
+        "--output", str(output)], timeout=180, elastic_discovery=DISCOVER, min_np=2, max_np=2,
+        env={"HVD_DYNBATCH_HOSTS_FILE": str(hosts)})
+    assert job.returncode == 0, job.explain()
+    report = json.loads(output.read_text())
+    assert report["commits"] == 2 and report["samples_per_sec"] > 0
 
 
 def test_make_imagefolder_writes_a_trainable_folder(tmp_path):
