@@ -34,27 +34,27 @@ LAUNCHES = {"horovodrun --gloo": (Launcher.GLOO, False), "elastic": (Launcher.GL
             "horovodrun --mpi": (Launcher.MPI, False), "mpirun": (Launcher.MPIRUN, False)}
 
 
-def launch_options(launch: str, workdir: str) -> dict:
-    """How `run_local` starts a job of 2 ranks under `launch`."""
-    launcher, elastic = LAUNCHES[launch]
-    if not elastic:
-        return {"launcher": launcher}
+def elastic_options(launch: str, workdir: str) -> dict:
+    """What `run_local` needs besides the launcher to start a job under `launch`: for
+    horovodrun's elastic mode, the discovery script, fixed bounds and a hosts file."""
+    if not LAUNCHES[launch][1]:
+        return {}
     hosts = Path(workdir) / "hosts.txt"
     hosts.write_text("localhost:2\n")
-    return {"launcher": launcher, "elastic_discovery": DISCOVER, "min_np": 2, "max_np": 2,
+    return {"elastic_discovery": DISCOVER, "min_np": 2, "max_np": 2,
             "env": {"HVD_DYNBATCH_HOSTS_FILE": str(hosts)}}
 
 
 def plain_horovod(args, launch: str, workdir: str) -> float:
     output = Path(workdir) / "plain.json"
     output.unlink(missing_ok=True)
-    commits = ["--commit-every", str(TrainConfig.commit_every)] if LAUNCHES[launch][1] else []
-    options = launch_options(launch, workdir)
-    job = run_local(options.pop("launcher"), 2,
+    launcher, elastic = LAUNCHES[launch]
+    commits = ["--commit-every", str(TrainConfig.commit_every)] if elastic else []
+    job = run_local(launcher, 2,
                     [sys.executable, str(HERE / "plain_horovod.py"), "--model", args.model,
                      "--dataset", args.dataset, "--global-batch", str(args.global_batch),
                      "--steps", str(args.steps), "--output", str(output), *commits],
-                    timeout=600, **options)
+                    timeout=600, **elastic_options(launch, workdir))
     if job.returncode != 0 or not output.exists():
         raise SystemExit(f"plain Horovod run failed:\n{(job.stdout + job.stderr)[-2000:]}")
     return json.loads(output.read_text())["samples_per_sec"]
@@ -62,8 +62,9 @@ def plain_horovod(args, launch: str, workdir: str) -> float:
 
 def ours(options: list, launch: str, workdir: str) -> list:
     """The records of a `hvd-dynbatch train` job of 2 ranks under `launch`."""
-    elastic = ["--elastic"] if LAUNCHES[launch][1] else []
-    return run_training_job(2, [*options, *elastic], **launch_options(launch, workdir))
+    launcher, elastic = LAUNCHES[launch]
+    return run_training_job(2, [*options, *(["--elastic"] if elastic else [])],
+                            launcher=launcher, **elastic_options(launch, workdir))
 
 
 def main():

@@ -16,6 +16,7 @@ import argparse
 import json
 import statistics
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -73,7 +74,7 @@ def main():
     if args.commit_every:
         hvd.elastic.run(train)(hvd.elastic.TorchState(model=model, optimizer=optimizer, step=0))
     else:
-        train(argparse.Namespace(step=0))
+        train(types.SimpleNamespace(step=0))
     if hvd.rank() == 0:
         kept = times[len(times) // 4:]
         median = statistics.median(kept)

@@ -571,7 +571,7 @@ class BatchController:
             # move to the equal-time point is 1 / (1 - f) times the proportional one, and so
             # is the noise it carries, so a fit needs its batches spread by identify / (1 - f).
             # k readings weigh (1 - forget^k) memory; the bar is half way from k - 1 to k.
-            older = cfg.forget ** np.where(sum_ee > 0, 2, 1)
+            older = np.where(sum_ee > 0, cfg.forget ** 2, cfg.forget)
             fitted = (weight > (1 - older) * cfg.memory + older / 2) & (slope > 0)
             # A negative fixed cost is refitted as 0: the line through the origin.
             noise = np.maximum(sum_ee / weight, st.scatter ** 2)
