@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -16,6 +17,8 @@ from hvd_dynbatch.training.metrics import read_metrics
 
 PYTHON = sys.executable
 CLI = [PYTHON, "-m", "hvd_dynbatch"]
+# The project's host-discovery script, which elastic jobs here read their hosts through.
+DISCOVER = str(Path(__file__).resolve().parent.parent / "hostfiles" / "discover_hosts.sh")
 
 
 @dataclass

@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 
 from hvd_dynbatch.tools.launch import Launcher, local_env
-from launcher import PYTHON, run_ranks
+from launcher import DISCOVER, PYTHON, run_ranks
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
-DISCOVER = str(BENCHMARKS.parent / "hostfiles" / "discover_hosts.sh")
 
 
 def test_throughput_runs_as_ranks_of_an_mpirun_job():

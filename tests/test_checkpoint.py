@@ -3,7 +3,6 @@ launcher and number of ranks."""
 import os
 import signal
 import time
-from pathlib import Path
 
 import psutil
 import pytest
@@ -16,8 +15,8 @@ from hvd_dynbatch.training.checkpoint import CheckpointDir, check_fingerprint, f
 from hvd_dynbatch.training.config import TrainConfig
 from hvd_dynbatch.training.metrics import read_metrics, step_records, truncate_metrics
 from hvd_dynbatch.training.trainer import train
-from launcher import (CLI, assert_same_weights, expect_user_error, run_cli, run_ranks,
-                      train_one_process)
+from launcher import (CLI, DISCOVER, assert_same_weights, expect_user_error, run_cli,
+                      run_ranks, train_one_process)
 
 
 class TestCheckpointDir:
@@ -118,9 +117,6 @@ COMMON = ["--model", "mlp", "--dataset", "digits", "--global-batch", "64", "--lr
 def reference(tmp_path_factory):
     """The run in one process without a stop: the weights and metrics to reproduce."""
     return train_one_process(COMMON, tmp_path_factory.mktemp("one"), "one")
-
-
-DISCOVER = str(Path(__file__).resolve().parent.parent / "hostfiles" / "discover_hosts.sh")
 
 
 class Job:

@@ -24,9 +24,8 @@ from hvd_dynbatch.training.config import TrainConfig
 from hvd_dynbatch.training.elastic import on_reset
 from hvd_dynbatch.training.metrics import read_metrics, step_records
 from hvd_dynbatch.training.trainer import Trainer
-from launcher import CLI
+from launcher import CLI, DISCOVER
 
-DISCOVER = str(Path(__file__).resolve().parent.parent / "hostfiles" / "discover_hosts.sh")
 DIGITS_TRAIN = 1437
 # A 30x emulated slowdown makes a step slow enough for workers to come and go: 0.44 s (median)
 # on 2 workers and 0.69 s on 3 on this 2-core machine, where the emulator also multiplies the
