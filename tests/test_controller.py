@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from hvd_dynbatch.core.controller import (BatchController, ControllerConfig, ControllerState, Rule,
-                                     apportion)
+                                     _median, apportion)
 from hvd_dynbatch.core.simulator import ClusterModel, run_adjustments
 from hvd_dynbatch.errors import DynBatchError
 
@@ -106,6 +106,14 @@ class TestEveryRule:
         assert min(imbalance[1:6]) <= 1.10, imbalance
         assert imbalance[10] > 2, "the rate change should unbalance the split"
         assert min(imbalance[11:16]) <= 1.10, imbalance
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 7, 8, 4095, 4096])
+def test_the_controllers_median_is_numpys(size):
+    """The controller's own median (one partition) against `np.median`, ties included."""
+    rng = np.random.default_rng(size)
+    for values in (rng.normal(size=size), rng.integers(0, 3, size).astype(float)):
+        assert _median(values) == np.median(values)
 
 
 def test_pid_moves_less_than_p_once_settled():

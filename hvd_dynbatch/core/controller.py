@@ -306,8 +306,8 @@ def _median(values: np.ndarray) -> float:
     ordered = np.partition(values, half)
     if values.size % 2:
         return float(ordered[half])
-    # The lower middle value is the largest below `half`: one partition, not one per value
-    # (on 4096 workers a partition at two positions took twice as long).
+    # The lower middle value is the largest below `half`, so one partition at one position
+    # serves: at two positions it took twice as long on 4096 workers.
     return float((ordered[:half].max() + ordered[half]) / 2)
 
 
