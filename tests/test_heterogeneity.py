@@ -1,11 +1,13 @@
-"""Slowdown specs and their emulation, the step timer, the gradient weight, and the napping wait."""
+"""Slowdown specs and their emulation, the step timer, the gradient weight and its finite
+screen, and the napping wait."""
 import math
 import time
 
 import numpy as np
 import pytest
+import torch
 
-from hvd_dynbatch.backend.weighting import batch_weight
+from hvd_dynbatch.backend.weighting import all_finite, batch_weight
 from hvd_dynbatch.core.heterogeneity import (NEAR_BATCH, STALL_RATIO, Emulator, Slowdown,
                                              preset_factors)
 from hvd_dynbatch.training.batching import StepRecord
@@ -299,6 +301,26 @@ def test_batch_weight_is_the_share_of_the_step():
     assert batch_weight(0, 5) == 0.0
     with pytest.raises(DynBatchError):
         batch_weight(33, 32)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("where", range(4))
+def test_all_finite_finds_one_bad_value_in_any_tensor_and_changes_none(bad, where):
+    torch.manual_seed(0)
+    def sparse(values):
+        return torch.sparse_coo_tensor([[0, 2, 2]], values, (6,), check_invariants=True)
+
+    tensors = [torch.randn(5, 3), torch.randn(7, dtype=torch.float64),
+               torch.randn(4, dtype=torch.bfloat16), sparse([1.0, 2.0, 3.0])]
+    before = [t.clone() for t in tensors]
+    assert all_finite(tensors)
+    assert all(torch.equal(a.to_dense(), b.to_dense()) for a, b in zip(tensors, before))
+    if where == 3:
+        tensors[3] = sparse([1.0, bad, 3.0])
+    else:
+        tensors[where].view(-1)[1] = bad
+    assert not all_finite(tensors)
+    assert all_finite([])
 
 
 @pytest.mark.parametrize("preset, ranks, factors", [

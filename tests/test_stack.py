@@ -73,3 +73,15 @@ def test_failing_rank_ends_the_job(launcher):
     assert not job.job.timed_out, f"the launcher hung after a rank failed\n{job.explain()}"
     assert job.returncode != 0, job.explain()
     assert time.monotonic() - start < 90
+
+
+def test_the_weighted_optimizer_gives_the_whole_batch_step_however_horovod_reduces():
+    # Ranks of 3 and 9 samples against one step of all 12, with the allreduce started per
+    # gradient, in groups, after two backward passes and for a sparse gradient; and a NaN on
+    # one rank skips the step on both.
+    job = run_ranks(Launcher.GLOO, 2, [PYTHON, str(SCRIPTS / "weighted_step.py")], timeout=120)
+    assert job.returncode == 0, job.explain()
+    report = job.records[-1]
+    for case in ("per gradient", "groups", "two passes", "sparse"):
+        assert report[case]["difference"] < 1e-6, (case, report)
+    assert report["nan"] == {"skipped": True, "unchanged": True}

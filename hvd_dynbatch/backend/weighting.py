@@ -8,9 +8,11 @@ the mean over the union of all ranks' samples. Horovod's `op=Average` divides by
 of ranks instead, and Horovod rejects pre/post-scale factors that differ between ranks, so
 each rank scales its own gradient by b_i / B before a `op=Sum` allreduce.
 
-`DistributedOptimizer` wraps `hvd.DistributedOptimizer` that way: a hook on every parameter
-multiplies the gradient by the current weight before it is accumulated into `.grad`, which is
-before Horovod's own hook starts the allreduce. The weight comes from a `DynamicBatching`
+`DistributedOptimizer` wraps `hvd.DistributedOptimizer` that way: each gradient is multiplied
+in place by the current weight where Horovod starts its allreduce, once the backward pass has
+accumulated it (with `backward_passes_per_step` > 1, the sum of the passes takes the weight in
+force then). A tensor hook per parameter did the same before accumulation at about 30 us a
+gradient on a CPU core, 3% of the CNN's step. The weight comes from a `DynamicBatching`
 (`batching=`), which the optimizer also tells when compute ends (`synchronize`, once the
 parameters' GPU has finished the step's kernels: see `device.wait_for_compute`), when the
 allreduce has returned (the end of `synchronize`: the update starts) and when the step ends
@@ -46,13 +48,33 @@ from ..errors import DynBatchError
 from .device import parameters_device, wait_for_compute
 
 
+def all_finite(tensors: Iterable[torch.Tensor]) -> bool:
+    """Whether every element of `tensors` is finite (a sparse tensor: its values).
+
+    One fused check per device and dtype, the one torch's `GradScaler` makes (it multiplies
+    by 1 in place, which changes no value): a check per tensor cost the CNN's 8 gradients
+    130 us a step on a CPU core, 1.6% of its step, against 7 us.
+    """
+    groups = {}
+    for tensor in tensors:
+        tensor = tensor.coalesce().values() if tensor.is_sparse else tensor
+        groups.setdefault((tensor.device, tensor.dtype), []).append(tensor)
+    for (device, _), group in groups.items():
+        found = torch.zeros(1, device=device)
+        torch._amp_foreach_non_finite_check_and_unscale_(group, found,
+                                                         torch.ones(1, device=device))
+        if found.item():
+            return False
+    return True
+
+
 def drop_nonfinite_gradients(optimizer) -> bool:
     """Whether every gradient `optimizer` would apply is finite; if not, all are dropped
     (set to None), so that its next step changes nothing (torch's optimizers skip parameters
     without a gradient, momentum included)."""
     params = [p for group in optimizer.param_groups for p in group["params"]
               if p.grad is not None]
-    if not params or torch.stack([torch.isfinite(p.grad).all() for p in params]).all():
+    if all_finite(p.grad for p in params):
         return True
     for p in params:
         p.grad = None
@@ -107,11 +129,11 @@ def _attach(optimizer, batching, scaler) -> None:
 
 
 class _BatchWeighted:
-    """Mixed into Horovod's optimizer class: the weight, the hooks that apply it, and the
-    calls that tell a `DynamicBatching` where the step is. `_horovod` is Horovod's class."""
+    """Mixed into Horovod's optimizer class: the weight, where it is applied, and the calls
+    that tell a `DynamicBatching` where the step is. `_horovod` is Horovod's class."""
 
     def set_batch_size(self, local_batch: int, global_batch: int) -> None:
-        """Weight this rank's gradients of the coming backward pass by local / global."""
+        """Weight this rank's gradients of the coming step by local / global."""
         if self._batching is not None:
             raise DynBatchError("this optimizer takes its weights from its DynamicBatching; "
                                 "do not call set_batch_size")
@@ -149,12 +171,16 @@ class _BatchWeighted:
             self._batching.step_done()
         return loss
 
-    def _register_weight_hooks(self, weight: float) -> None:
-        self._batch_weight = weight
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.requires_grad:
-                    p.register_hook(lambda grad: grad * self.batch_weight)
+    # Horovod starts a gradient's allreduce in these two (from its hook, and from synchronize
+    # for a gradient no hook saw, which it zeroes when there is none).
+    def _allreduce_grad_async(self, p):
+        if p.grad is not None:
+            p.grad.mul_(self.batch_weight)
+        return self._horovod._allreduce_grad_async(self, p)
+
+    def _grouped_allreduce_grad_async(self, ps):
+        torch._foreach_mul_([p.grad for p in ps], self.batch_weight)
+        return self._horovod._grouped_allreduce_grad_async(self, ps)
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, batching=None,
@@ -190,7 +216,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, batching=None,
                              {**vars(horovod_class), **methods, "_horovod": horovod_class})
     _attach(wrapped, batching, scaler)
     wrapped._nap, wrapped._poll = nap, hvd.poll
-    wrapped._register_weight_hooks(1.0 / hvd.size())
+    wrapped._batch_weight = 1.0 / hvd.size()
     return wrapped
 
 
