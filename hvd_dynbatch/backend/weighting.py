@@ -53,8 +53,9 @@ def all_finite(tensors: Iterable[torch.Tensor]) -> bool:
     """Whether every element of `tensors` is finite (a sparse tensor: its values).
 
     One fused check per device and dtype, the one torch's `GradScaler` makes (it multiplies
-    by 1 in place, which changes no value): a check per tensor cost the CNN's 8 gradients
-    130 us a step on a CPU core, 1.6% of its step, against 7 us.
+    by 1 in place, which changes no value). On a CPU core a check per tensor took 130 us a
+    step for the CNN's 8 gradients and 46 ms for ResNet-18's 62, 9% of its step; this one
+    takes 7-13 us and 2 ms.
     """
     groups = {}
     for tensor in tensors:
