@@ -306,10 +306,10 @@ def test_batch_weight_is_the_share_of_the_step():
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
 @pytest.mark.parametrize("where", range(4))
 def test_all_finite_finds_one_bad_value_in_any_tensor_and_changes_none(bad, where):
-    torch.manual_seed(0)
     def sparse(values):
         return torch.sparse_coo_tensor([[0, 2, 2]], values, (6,), check_invariants=True)
 
+    torch.manual_seed(0)
     tensors = [torch.randn(5, 3), torch.randn(7, dtype=torch.float64),
                torch.randn(4, dtype=torch.bfloat16), sparse([1.0, 2.0, 3.0])]
     before = [t.clone() for t in tensors]

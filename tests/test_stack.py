@@ -1,4 +1,5 @@
-"""The stack under each launcher: Horovod's world, mpi4py's world, the exchange, failures."""
+"""The stack under each launcher: Horovod's world, mpi4py's world, the exchange, failures, and
+the weighted optimizer as a user's script calls it."""
 import subprocess
 import time
 from pathlib import Path
@@ -80,7 +81,7 @@ def test_the_weighted_optimizer_gives_the_whole_batch_step_however_horovod_reduc
     # gradient, in groups, after two backward passes and for a sparse gradient; and a NaN on
     # one rank skips the step on both.
     job = run_ranks(Launcher.GLOO, 2, [PYTHON, str(SCRIPTS / "weighted_step.py")], timeout=120)
-    assert job.returncode == 0, job.explain()
+    assert job.returncode == 0 and job.records, job.explain()
     report = job.records[-1]
     for case in ("per gradient", "groups", "two passes", "sparse"):
         assert report[case]["difference"] < 1e-6, (case, report)

@@ -40,8 +40,8 @@ def step(case: str, nan: bool = False) -> dict:
     sparse = case == "sparse"
     model = build(sparse)
     reference = copy.deepcopy(model)
-    options = {"groups": 1} if case == "groups" else \
-        {"backward_passes_per_step": 2} if case == "two passes" else {}
+    options = {"groups": {"groups": 1},
+               "two passes": {"backward_passes_per_step": 2}}.get(case, {})
     optimizer = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5),
                                      named_parameters=model.named_parameters(), **options)
     start, end = SLICES[hvd.rank()]
