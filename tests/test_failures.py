@@ -25,11 +25,17 @@ def test_a_nonfinite_loss_stops_every_rank_at_its_step(tmp_path):
     assert "<stderr>:Traceback" not in job.job.stderr and not model.exists()
 
 
-def test_on_nan_skip_goes_on_without_applying_such_steps(tmp_path):
-    weights, records = train_one_process([*DIVERGING[1:], "--on-nan", "skip"], tmp_path)
+@pytest.mark.parametrize("batching", [[], ["--batching", "abs", "--staleness", "predict"]])
+def test_on_nan_skip_goes_on_without_applying_such_steps(tmp_path, batching):
+    weights, records = train_one_process([*DIVERGING[1:], "--on-nan", "skip", *batching],
+                                         tmp_path)
     summary = records[-1]
     skipped = [r["step"] for r in step_records(records) if r.get("skipped")]
-    assert summary["steps"] == 20 and summary["skipped_steps"] == len(skipped) > 0
+    # ABS-SGD applies the last window's gradient after the last step's record is written:
+    # the summary counts that update, which no step record can mark.
+    drained = 1 if batching else 0
+    assert summary["steps"] == 20 and len(skipped) > 0
+    assert len(skipped) <= summary["skipped_steps"] <= len(skipped) + drained
     assert all(torch.isfinite(v).all() for v in weights.values())
 
 

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from ..backend.backends import Backend
 from ..backend.device import autocast, parameters_device, to_device, wait_for_compute
+from ..backend.weighting import all_finite
 from ..core.abs_sgd import Window, next_micro_batch
 from ..core.sampler import ShardStream, StepPlan
 from ..data.loader import BatchLoader
@@ -211,7 +212,7 @@ class ABSWindows:
         self._stop_known = self._stop_known or tail[1] > 0
         mean = reduced[:-(_TAIL + _PER_RANK * size)] / sum(counts)
         # The reduced sum is the same on every rank: a non-finite one is skipped everywhere.
-        self.finite = bool(torch.isfinite(mean).all())
+        self.finite = all_finite([mean])
         if self.finite:
             grads, offset = [], 0
             for p in self.params:

@@ -38,6 +38,7 @@ from typing import Dict, Type
 
 import torch
 
+from ..backend.weighting import all_finite
 from .config import Staleness as Rule
 
 
@@ -117,7 +118,7 @@ class WeightPrediction(Staleness):
     def end_window(self, count: int) -> None:
         share = [p.grad.detach() / count for p in self.params]
         # A non-finite share would make the next window's gradient non-finite too.
-        self._share = share if all(bool(torch.isfinite(g).all()) for g in share) else None
+        self._share = share if all_finite(share) else None
         if self._saved is None:
             return
         with torch.no_grad():
