@@ -13,7 +13,10 @@ prints for each job:
   median over the second half of the first `--phase` steps): where the rule's moves landed;
 - for the "model" rule, the fixed cost it holds for each rank after its third adjustment,
   the first that can fit a line to readings given with errors, in ms (after shrinkage, a
-  negative fit as 0; nan for a rank with none fitted yet).
+  negative fit as 0; nan for a rank with none fitted yet);
+- the changes of speed the controller took, as STEP:RANKS (the exchange after step STEP
+  found those ranks' speed changed and restarted their readings): a change taken where
+  the slowdowns did not change is a noisy window taken for one.
 
     python benchmarks/replay.py DIR_OR_FILE... [--untimed-steps 2] [--lag 0] [--phase 75]
         [--min-batch 2]
@@ -24,6 +27,7 @@ import argparse
 import statistics
 import sys
 from pathlib import Path
+from typing import NamedTuple, Optional
 
 import numpy as np
 from common import print_report
@@ -35,12 +39,22 @@ from hvd_dynbatch.training.config import TrainConfig
 from hvd_dynbatch.training.metrics import busy_times, read_metrics, step_records
 
 
-def replay(records: list, untimed: int, lag: int, min_batch: int) -> tuple:
-    """The readings at each adjustment, (split, every rank's smoothed time, their errors),
-    as the ranks' timers read them; the splits the controller decides from them; those the
-    job ran from the step each decision took effect (`lag` steps after the next one; None
-    past the job's end); and the fixed costs the "model" rule fitted at the third adjustment
-    (None for other rules). The adjustments come at the job's exchanges
+class Replayed(NamedTuple):
+    """What a replay found, adjustment by adjustment."""
+
+    readings: list    # (split, every rank's smoothed time, their errors) as the timers read
+    replayed: list    # the splits the controller decided from them
+    recorded: list    # those the job ran from the step each took effect (None: past its end)
+    fixed: Optional[np.ndarray]   # "model"'s fixed costs after the third adjustment
+    changes: list     # (step, ranks): the changes of speed the controller took
+
+
+def replay(records: list, untimed: int, lag: int, min_batch: int) -> Replayed:
+    """Replay a job's records: the readings at each adjustment as the ranks' timers read
+    them, the splits the controller decides from them, those the job ran from the step each
+    decision took effect (`lag` steps after the next one), the fixed costs the "model" rule
+    fitted at the third adjustment (None for other rules), and the changes of speed taken,
+    with the step of the exchange that took each. The adjustments come at the job's exchanges
     (`core.timing.exchange_due`): every `adjust_every` steps, spaced out while the split
     holds (`holds`, `hold_steps`; runs whose config has no `hold_seconds` predate it and had
     none), and an elastic job's at each commit outside a hold (`hold_end`; jobs before
@@ -53,7 +67,7 @@ def replay(records: list, untimed: int, lag: int, min_batch: int) -> tuple:
     controller.initial_split(len(steps[0]["batch_sizes"]))
     timers = [StepTimer(config.timing_window, untimed) for _ in steps[0]["batch_sizes"]]
     ran = {r["step"]: r["batch_sizes"] for r in steps}
-    readings, replayed, recorded, fixed = [], [], [], None
+    readings, replayed, recorded, fixed, changes = [], [], [], None, []
     quiet_until = 0
     for record in steps:
         split = record["batch_sizes"]
@@ -69,6 +83,8 @@ def replay(records: list, untimed: int, lag: int, min_batch: int) -> tuple:
         readings.append((split, times, errors))
         decided = [int(b) for b in controller.update(split, times, errors)]
         replayed.append(decided)
+        if controller.changed.any():
+            changes.append((done, np.flatnonzero(controller.changed).tolist()))
         recorded.append(ran.get(done + lag))
         quiet_until = 0
         if holds(split, decided, times):
@@ -76,7 +92,7 @@ def replay(records: list, untimed: int, lag: int, min_batch: int) -> tuple:
                                                     float(np.max(times))), sync_every)
         if len(replayed) == 3 and controller.config.rule is Rule.MODEL:
             fixed = controller.state.fixed.copy()
-    return readings, replayed, recorded, fixed
+    return Replayed(readings, replayed, recorded, fixed, changes)
 
 
 def main():
@@ -112,23 +128,26 @@ def main():
         if len({len(r["batch_sizes"]) for r in steps}) != 1:
             print(f"{path}: the world size changed; not replayed", file=sys.stderr)
             continue
-        _, replayed, recorded, fixed = replay(records, args.untimed_steps, args.lag,
-                                              args.min_batch)
-        ran = [(mine, theirs) for mine, theirs in zip(replayed, recorded) if theirs]
+        found = replay(records, args.untimed_steps, args.lag, args.min_batch)
+        ran = [(mine, theirs) for mine, theirs in zip(found.replayed, found.recorded) if theirs]
         steady = statistics.median(r["batch_sizes"][0]
                                    for r in steps[args.phase // 2:args.phase])
         rows.append([path.stem, "yes" if all(m == t for m, t in ran) else "no",
                      *("-" if split is None else f"{split[0] - steady:+g}"
-                       for split in (recorded + [None] * 3)[:3]),
-                     "-" if fixed is None else "/".join(f"{1e3 * a:.1f}" for a in fixed)])
+                       for split in (found.recorded + [None] * 3)[:3]),
+                     "-" if found.fixed is None
+                     else "/".join(f"{1e3 * a:.1f}" for a in found.fixed),
+                     " ".join(f"{step}:{','.join(map(str, ranks))}"
+                              for step, ranks in found.changes) or "-"])
     if not rows:
         sys.exit("none of the files could be replayed")
     print_report("Each job's adjustments replayed through the controller from its records: "
                  "whether the replayed splits are the recorded ones, rank 0's batch after "
                  "each of the first three adjustments less its steady batch, and the fixed "
-                 "costs (ms) 'model' holds after its third adjustment, per rank.",
+                 "costs (ms) 'model' holds after its third adjustment, per rank; the "
+                 "changes of speed it took, STEP:RANKS.",
                  ["job", "replay matches", "first move", "second move", "third move",
-                  "fixed costs"], rows)
+                  "fixed costs", "changes taken"], rows)
 
 
 if __name__ == "__main__":

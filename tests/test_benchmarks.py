@@ -135,16 +135,17 @@ def test_replay_rebuilds_the_readings_the_controller_saw_and_tells_a_split_it_di
     config = {k: getattr(v, "value", v) for k, v in dataclasses.asdict(
         TrainConfig(global_batch=256, controller="p", max_steps=10)).items()}
     ran = [step(k, (128, 128)) for k in range(5)] + [step(k, (205, 51)) for k in range(5, 10)]
-    (first, second), replayed, recorded, fixed = replay([*ran, {"config": config}], 2, lag=0,
-                                                        min_batch=2)
+    found = replay([*ran, {"config": config}], 2, lag=0, min_batch=2)
+    (first, second), replayed, recorded = found.readings, found.replayed, found.recorded
     assert first[0] == [128, 128] and first[1] == [pytest.approx(0.128), pytest.approx(0.512)]
     assert second[1] == [pytest.approx(0.205), pytest.approx(0.204)]  # timed afresh
-    assert replayed[0] == [205, 51] == recorded[0] and recorded[1] is None and fixed is None
+    assert replayed[0] == [205, 51] == recorded[0] and recorded[1] is None
+    assert found.fixed is None and found.changes == []
     other = [step(k, (128, 128)) for k in range(10)]
-    _, replayed, recorded, _ = replay([*other, {"config": config}], 2, lag=0, min_batch=2)
-    assert replayed[0] != recorded[0]
-    _, replayed, recorded, _ = replay([*ran, {"config": config}], 0, lag=0, min_batch=2)
-    assert replayed[0] != [205, 51]
+    found = replay([*other, {"config": config}], 2, lag=0, min_batch=2)
+    assert found.replayed[0] != found.recorded[0]
+    found = replay([*ran, {"config": config}], 0, lag=0, min_batch=2)
+    assert found.replayed[0] != [205, 51]
 
 
 def test_replay_exchanges_where_the_job_did_while_the_split_held():
@@ -159,14 +160,36 @@ def test_replay_exchanges_where_the_job_did_while_the_split_held():
         TrainConfig(global_batch=256, controller="p", max_steps=50)).items()}
     ran = [{"step": k, "batch_sizes": [128, 128], "update_times": [0.0, 0.0],
             "compute_times": [0.01, 0.01]} for k in range(50)]
-    readings, replayed, _, _ = replay([*ran, {"config": config}], 2, lag=0, min_batch=2)
-    assert config["hold_seconds"] == 0.25 and len(readings) == 3  # after steps 5, 25, 45
-    assert replayed == [[128, 128]] * 3
+    found = replay([*ran, {"config": config}], 2, lag=0, min_batch=2)
+    assert config["hold_seconds"] == 0.25 and len(found.readings) == 3  # after 5, 25, 45
+    assert found.replayed == [[128, 128]] * 3
     # Commits every 10 steps exchange too, and a hold ends at the last within it: the
     # controller adjusts after steps 5, 20 and 40 (10, 30 and 50 fall in holds).
     elastic = {**config, "elastic": True}
-    readings, _, _, _ = replay([*ran, {"config": elastic}], 2, lag=0, min_batch=2)
-    assert len(readings) == 3
+    assert len(replay([*ran, {"config": elastic}], 2, lag=0, min_batch=2).readings) == 3
     del config["hold_seconds"]
-    readings, _, _, _ = replay([*ran, {"config": config}], 2, lag=0, min_batch=2)
-    assert len(readings) == 10
+    assert len(replay([*ran, {"config": config}], 2, lag=0, min_batch=2).readings) == 10
+
+
+@pytest.mark.parametrize("rule", ["model", "pid"])
+def test_replay_tells_the_changes_of_speed_the_controller_took(rule):
+    """Two ranks at 2 ms of fixed cost and 1 and 4 ms a sample; from step 40 rank 0 runs 3
+    times slower. The first exchange after it takes rank 0's speed for changed, and no
+    other exchange takes a change."""
+    sys.path.insert(0, str(BENCHMARKS))
+    from replay import replay
+    from hvd_dynbatch.training.config import TrainConfig
+
+    config = {k: getattr(v, "value", v) for k, v in dataclasses.asdict(
+        TrainConfig(global_batch=256, controller=rule, max_steps=60,
+                    hold_seconds=0.0)).items()}
+    ran, split = [], [128, 128]
+    for k in range(60):
+        per_sample = [3e-3 if k >= 40 else 1e-3, 4e-3]
+        ran.append({"step": k, "batch_sizes": list(split), "update_times": [0.0, 0.0],
+                    "compute_times": [0.002 + c * b for c, b in zip(per_sample, split)]})
+        if (k + 1) % config["adjust_every"] == 0:
+            split = replay([*ran, {"config": config}], 2, lag=0, min_batch=2).replayed[-1]
+    found = replay([*ran, {"config": config}], 2, lag=0, min_batch=2)
+    assert found.replayed[:-1] == found.recorded[:-1]
+    assert found.changes == [(45, [0])]

@@ -376,6 +376,7 @@ class BatchController:
 
     Use `initial_split(n)` for the first split and `update(batch_sizes, times)` every
     adjustment with the all-gathered values; both return an integer array summing to B.
+    After an update, `changed` marks the workers whose speed it found changed.
     Pure: no communication; the same inputs give the same output on every rank.
     """
 
@@ -384,6 +385,9 @@ class BatchController:
     # "model": the lines fitted from the moments array and adjustment they came from (the
     # next update checks its readings against them before adding its own).
     _fitted: Optional[tuple] = field(default=None, init=False, repr=False, compare=False)
+    # The workers the last update took for a real change of speed ("pid", "model"), whose
+    # readings it restarted: for logs and replays that ask why a split jumped.
+    changed: Optional[np.ndarray] = field(default=None, init=False, repr=False, compare=False)
 
     def initial_split(self, world_size: int) -> np.ndarray:
         """An even split of B over `world_size` workers (the remainder to the lowest ranks)."""
@@ -408,6 +412,7 @@ class BatchController:
         if b.shape != t.shape or b.shape != e.shape or b.ndim != 1:
             raise DynBatchError(f"got {b.size} batch sizes, {t.size} times and {e.size} errors")
         cfg.check_world(b.size)
+        self.changed = np.zeros(b.size, dtype=bool)
         if not (np.isfinite(t).all() and t.min() > 0 and b.min() > 0):
             return b.astype(np.int64)
         rates = b / t
@@ -470,6 +475,7 @@ class BatchController:
             changed |= self._persists(miss, leeway, e, changed, calibrated)
             st.moments[:, changed], st.fixed[changed] = 0.0, np.nan
             st.persist[:, changed] = 0.0
+            self.changed = changed
             self._fold_scatter(miss[calibrated & ~changed])
         # In place: a new 7 x n array per adjustment cost more than the rest of the
         # adjustment at 4096 workers (glibc maps arrays that large afresh each time).
@@ -590,7 +596,7 @@ class BatchController:
     def _filter(self, rates: np.ndarray) -> None:
         """Fold one reading per worker into its running mean, restarting it on a real change."""
         st = self.state
-        changed = np.abs(rates / st.rates - 1) > self.config.change_threshold
+        self.changed = changed = np.abs(rates / st.rates - 1) > self.config.change_threshold
         st.readings = np.where(changed, 1.0, np.minimum(st.readings + 1, self.config.memory))
         st.rates = np.where(changed, rates, st.rates + (rates - st.rates) / st.readings)
 
