@@ -31,11 +31,13 @@ def test_on_nan_skip_goes_on_without_applying_such_steps(tmp_path, batching):
                                          tmp_path)
     summary = records[-1]
     skipped = [r["step"] for r in step_records(records) if r.get("skipped")]
-    # ABS-SGD applies the last window's gradient after the last step's record is written:
-    # the summary counts that update, which no step record can mark.
-    drained = 1 if batching else 0
     assert summary["steps"] == 20 and len(skipped) > 0
-    assert len(skipped) <= summary["skipped_steps"] <= len(skipped) + drained
+    assert summary["skipped_steps"] == len(skipped)
+    # ABS-SGD applies the last window's gradient after the last step's record is written,
+    # and the summary tells that update apart. At lr 1e6 the weights soon reach a point where
+    # every gradient is non-finite and stay there, so it is skipped too; a synchronous run
+    # has no such update.
+    assert summary["final_update_skipped"] is bool(batching)
     assert all(torch.isfinite(v).all() for v in weights.values())
 
 

@@ -167,6 +167,7 @@ class RunState:
     last_eval_step: Optional[int] = None
     time_to_target: Optional[float] = None
     skipped_steps: int = 0            # steps not applied: their gradient was not finite
+    final_update_skipped: bool = False  # ABS-SGD: the update after the last step, likewise
     overflow_steps: int = 0           # steps skipped by the fp16 loss scaler (overflow)
     checkpoint_seconds: float = 0.0   # spent writing checkpoints (rank 0's, which others wait)
 
@@ -362,7 +363,7 @@ class Trainer:
                                          split=",".join(map(str, self._last_sizes)))
                 epoch_end = steps.epoch != epoch_before
                 if last and steps.drain(self.schedule.lr(steps.step)):
-                    self._check_finite(step, self.schedule.lr(steps.step))
+                    self._check_finite(step, self.schedule.lr(steps.step), drained=True)
                 if (cfg.eval_every and steps.step % cfg.eval_every == 0) or \
                         (not cfg.eval_every and epoch_end):
                     self._evaluate()
@@ -378,7 +379,7 @@ class Trainer:
             # evaluation; a run stopped early at its target has the final figures taken again.
             drained = steps.drain(self.schedule.lr(steps.step))
             if drained:
-                self._check_finite(steps.step - 1, self.schedule.lr(steps.step))
+                self._check_finite(steps.step - 1, self.schedule.lr(steps.step), drained=True)
             if drained or self.run.last_eval_step != steps.step:
                 self._evaluate()
             gathered = self.comm.allgather([self._weights_checksum(), steps.skipped_samples
@@ -399,16 +400,22 @@ class Trainer:
         raise Stopped(f"stopped by {who} at step {self.steps.step} with a checkpoint in "
                       f"{self.cfg.checkpoint_dir}; the same command with --resume goes on")
 
-    def _check_finite(self, step: int, lr: float) -> dict:
+    def _check_finite(self, step: int, lr: float, drained: bool = False) -> dict:
         """After an update: nothing if its gradient was finite. Else it was not applied, and
         under `--on-nan stop` the run ends here, on every rank alike (the reduced gradient
-        is the same everywhere); under `skip` the step is counted and marked."""
+        is the same everywhere); under `skip` the step is counted and marked. ABS-SGD's
+        `drained` update, the last window's, comes after the last step's record is written:
+        `final_update_skipped` says it was skipped, so the summary's count of skipped steps
+        is the number of records marked."""
         if self.steps.finite:
             return {}
         if self.steps.overflowed:
             self.run.overflow_steps += 1
             return {"skipped": True, "overflow": True}
-        self.run.skipped_steps += 1
+        if drained:
+            self.run.final_update_skipped = True
+        else:
+            self.run.skipped_steps += 1
         if self.cfg.on_nan is OnNan.STOP:
             raise DynBatchError(
                 f"the gradient of step {step} is not finite (the loss is NaN or infinite, "
@@ -496,6 +503,7 @@ class Trainer:
             "target_accuracy": cfg.target_accuracy,
             "time_to_target": run.time_to_target,
             "skipped_steps": run.skipped_steps,
+            "final_update_skipped": run.final_update_skipped,
             "overflow_steps": run.overflow_steps,
             "checkpoint_seconds": run.checkpoint_seconds,
             "skipped_samples": self.skipped_samples,
