@@ -362,8 +362,8 @@ class Trainer:
                     progress.set_postfix(loss=f"{self.run.last_loss:.3f}",
                                          split=",".join(map(str, self._last_sizes)))
                 epoch_end = steps.epoch != epoch_before
-                if last and steps.drain(self.schedule.lr(steps.step)):
-                    self._check_finite(step, self.schedule.lr(steps.step), drained=True)
+                if last:
+                    self._drain()
                 if (cfg.eval_every and steps.step % cfg.eval_every == 0) or \
                         (not cfg.eval_every and epoch_end):
                     self._evaluate()
@@ -377,10 +377,7 @@ class Trainer:
                     self.save_checkpoint()
             # The run's last update (ABS-SGD's pending one) comes before the last step's
             # evaluation; a run stopped early at its target has the final figures taken again.
-            drained = steps.drain(self.schedule.lr(steps.step))
-            if drained:
-                self._check_finite(steps.step - 1, self.schedule.lr(steps.step), drained=True)
-            if drained or self.run.last_eval_step != steps.step:
+            if self._drain() or self.run.last_eval_step != steps.step:
                 self._evaluate()
             gathered = self.comm.allgather([self._weights_checksum(), steps.skipped_samples
                                             + self.data.test.take_skipped()])
@@ -399,6 +396,16 @@ class Trainer:
         self.save_checkpoint()
         raise Stopped(f"stopped by {who} at step {self.steps.step} with a checkpoint in "
                       f"{self.cfg.checkpoint_dir}; the same command with --resume goes on")
+
+    def _drain(self) -> bool:
+        """Apply ABS-SGD's pending update, the last window's, and check it; whether there was
+        one (never in synchronous training)."""
+        steps = self.steps
+        lr = self.schedule.lr(steps.step)
+        drained = steps.drain(lr)
+        if drained:
+            self._check_finite(steps.step - 1, lr, drained=True)
+        return drained
 
     def _check_finite(self, step: int, lr: float, drained: bool = False) -> dict:
         """After an update: nothing if its gradient was finite. Else it was not applied, and
