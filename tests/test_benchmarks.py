@@ -1,6 +1,5 @@
 """Smoke runs of the benchmark scripts that users run on their own clusters: they start and
 report what they promise (figures are the benchmarks' business, not the tests')."""
-import dataclasses
 import json
 import subprocess
 import sys
@@ -132,8 +131,7 @@ def test_replay_rebuilds_the_readings_the_controller_saw_and_tells_a_split_it_di
         return {"step": k, "batch_sizes": list(split), "update_times": [0.0, 0.0],
                 "compute_times": [warming * 1e-3 * split[0], 4e-3 * split[1]]}
 
-    config = {k: getattr(v, "value", v) for k, v in dataclasses.asdict(
-        TrainConfig(global_batch=256, controller="p", max_steps=10)).items()}
+    config = TrainConfig(global_batch=256, controller="p", max_steps=10).plain()
     ran = [step(k, (128, 128)) for k in range(5)] + [step(k, (205, 51)) for k in range(5, 10)]
     found = replay([*ran, {"config": config}], 2, lag=0, min_batch=2)
     (first, second), replayed, recorded = found.readings, found.replayed, found.recorded
@@ -156,8 +154,7 @@ def test_replay_exchanges_where_the_job_did_while_the_split_held():
     from replay import replay
     from hvd_dynbatch.training.config import TrainConfig
 
-    config = {k: getattr(v, "value", v) for k, v in dataclasses.asdict(
-        TrainConfig(global_batch=256, controller="p", max_steps=50)).items()}
+    config = TrainConfig(global_batch=256, controller="p", max_steps=50).plain()
     ran = [{"step": k, "batch_sizes": [128, 128], "update_times": [0.0, 0.0],
             "compute_times": [0.01, 0.01]} for k in range(50)]
     found = replay([*ran, {"config": config}], 2, lag=0, min_batch=2)
@@ -180,9 +177,7 @@ def test_replay_tells_the_changes_of_speed_the_controller_took(rule):
     from replay import replay
     from hvd_dynbatch.training.config import TrainConfig
 
-    config = {k: getattr(v, "value", v) for k, v in dataclasses.asdict(
-        TrainConfig(global_batch=256, controller=rule, max_steps=60,
-                    hold_seconds=0.0)).items()}
+    config = TrainConfig(global_batch=256, controller=rule, max_steps=60, hold_seconds=0.0).plain()
     ran, split = [], [128, 128]
     for k in range(60):
         per_sample = [3e-3 if k >= 40 else 1e-3, 4e-3]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Optional, Sequence, Tuple
 
 import numpy as np
@@ -203,6 +203,11 @@ class TrainConfig:
             Slowdown.parse(self.slowdown)
         check_device_spec(self.device)
         check_amp(self.amp)
+
+    def plain(self) -> dict:
+        """The settings as plain values (each enum as its value): what a run's summary
+        records, and what `benchmarks/replay.py` rebuilds a run's settings from."""
+        return {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in asdict(self).items()}
 
     def controller_config(self, global_batch: Optional[int] = None,
                           least_batch: int = 1) -> ControllerConfig:

@@ -12,7 +12,6 @@ commit.
 from __future__ import annotations
 
 import contextlib
-import enum
 import math
 import os
 import signal
@@ -517,8 +516,7 @@ class Trainer:
             "final_split": steps.final_split(),
             "weights_checksums": [int(c) for c in self.checksums],
             "weights_identical": bool(np.all(self.checksums == self.checksums[0])),
-            "config": {k: (v.value if isinstance(v, enum.Enum) else v)
-                       for k, v in asdict(cfg).items()},
+            "config": cfg.plain(),
         }
 
 
