@@ -15,29 +15,41 @@ ALLOWED = {
     "training": {"core", "data", "backend"},
     "tools": {"core", "data", "backend", "training"},
 }
+# The third-party packages each layer may import (besides the standard library): setup.cfg's
+# requirements, and torchvision where a GPU cluster has it (`training/models.py`).
 THIRD_PARTY = {
     "core": {"numpy"},
     "data": {"numpy", "torch", "PIL", "sklearn"},
+    "backend": {"numpy", "torch", "horovod", "mpi4py"},
+    "training": {"numpy", "torch", "torchvision", "tqdm"},
+    "tools": {"numpy", "torch", "click", "matplotlib", "psutil", "tqdm", "horovod", "mpi4py"},
 }
 HOROVOD = {"horovod", "mpi4py"}
 
 
-def imports(path: Path):
+def imports(path: Path, source: str = None):
     """(the layer or top-level module of this package it names, or None; the third-party
     top-level name, or None) of every import in `path`, at any depth (imports inside
-    functions count)."""
-    layer = path.parent.name
-    for node in ast.walk(ast.parse(path.read_text())):
+    functions count). Relative and absolute imports are read alike: `..core.x` from
+    training/ and `hvd_dynbatch.core.x` both name core. `source`: the text to read as `path`'s
+    (default: the file's)."""
+    package = [PACKAGE.name, *path.parent.relative_to(PACKAGE).parts]
+    for node in ast.walk(ast.parse(path.read_text() if source is None else source)):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                yield None, alias.name.split(".")[0]
+                yield _named(alias.name.split("."), [])
         elif isinstance(node, ast.ImportFrom):
-            if node.level == 0:
-                yield None, node.module.split(".")[0]
-            elif node.level == 1:
-                yield layer, None
-            else:
-                yield (node.module or node.names[0].name).split(".")[0], None
+            base = package[:len(package) - node.level + 1] if node.level else []
+            yield _named([*base, *(node.module or "").split(".")],
+                         [a.name for a in node.names])
+
+
+def _named(parts, names):
+    """The (layer, third-party name) of an import of `parts` (`from parts import names`)."""
+    parts = [p for p in parts if p]
+    if parts[0] != PACKAGE.name:
+        return None, parts[0]
+    return (parts[1] if len(parts) > 1 else names[0]), None
 
 
 def modules():
@@ -57,3 +69,23 @@ def test_imports_go_down_the_layers(path):
         if layer in THIRD_PARTY and outer is not None:
             assert outer in sys.stdlib_module_names or outer in THIRD_PARTY[layer], \
                 f"{layer}/{path.name} imports {outer}"
+
+
+@pytest.mark.parametrize("source, found", [
+    ("import numpy.linalg", [(None, "numpy")]),
+    ("from hvd_dynbatch.training.trainer import train", [("training", None)]),
+    ("import hvd_dynbatch.backend.comm", [("backend", None)]),
+    ("from hvd_dynbatch import errors", [("errors", None)]),
+    ("def f():\n    from ..tools import cli", [("tools", None)]),
+])
+def test_every_form_of_import_is_read(tmp_path, source, found):
+    assert list(imports(PACKAGE / "core" / "probe.py", source)) == found
+
+
+def test_the_shared_modules_import_no_layer_but_the_pure_one():
+    """errors.py is below every layer; the package's __init__ re-exports the pure logic only,
+    so importing it starts neither torch nor Horovod."""
+    for name, layers in (("errors.py", set()), ("__init__.py", {"core", "errors"})):
+        for inner, outer in imports(PACKAGE / name):
+            assert outer is None or outer in sys.stdlib_module_names, f"{name} imports {outer}"
+            assert inner is None or inner in layers, f"{name} imports from {inner}"
