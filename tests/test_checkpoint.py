@@ -53,6 +53,18 @@ class TestCheckpointDir:
                                                 r"--global-batch 64 \(now 32\)"):
             check_fingerprint(saved, TrainConfig(global_batch=32, model="cnn"), "ckpt")
 
+    @pytest.mark.parametrize("option, value, written", [
+        ("dataset", "mnist", "digits"), ("image_size", 32, 64), ("seed", 7, 0),
+        ("batching", "static", "dynamic")])
+    def test_each_setting_the_readme_promises_is_checked(self, option, value, written):
+        """The README names --dataset, --image-size, --seed and --batching beside --model
+        and --global-batch as settings a resume must share."""
+        saved = fingerprint(TrainConfig())
+        flag = "--" + option.replace("_", "-")
+        with pytest.raises(DynBatchError, match=rf"written with {flag} {written} "
+                                                rf"\(now {value}\);"):
+            check_fingerprint(saved, TrainConfig(**{option: value}), "ckpt")
+
 
 def test_truncated_metrics_keep_what_came_before_the_checkpoint(tmp_path):
     path = tmp_path / "m.jsonl"

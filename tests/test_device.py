@@ -195,8 +195,11 @@ def test_a_bf16_run_on_the_cpu_keeps_float32_weights_and_learns(tmp_path, batchi
     weights, losses, summary = _cpu_run(tmp_path, batching, "bf16")
     _, full_losses, _ = _cpu_run(tmp_path, batching, "off")
     assert all(w.dtype == torch.float32 for w in weights.values())
+    # The first step is the same in both runs (ABS-SGD's first window has no cap: all of B,
+    # on the same samples and weights), so its loss differs only by the forward pass's
+    # precision: close, and not equal, as it is in bfloat16.
     assert losses[0] == pytest.approx(full_losses[0], rel=0.05)
-    assert losses != full_losses                    # the forward pass did run in bfloat16
+    assert losses[0] != full_losses[0]
     assert sum(losses[-5:]) < 0.4 * sum(losses[:5]), losses
     assert summary["final_accuracy"] > 0.6
 

@@ -26,11 +26,15 @@ def test_schedule_changes_factors_at_its_steps():
     assert (s.factor(49, 1), s.factor(50, 1), s.factor(79, 0), s.factor(80, 0)) == (4, 1, 4, 1)
 
 
-@pytest.mark.parametrize("spec", ["", "1,x", "0.5,1", "10:1,2", "0:1,2;0:1,3", "0:1,2;5:1",
-                                  "1,nan", "1,inf"])
-def test_bad_specs_are_rejected_with_the_spec_named(spec):
-    with pytest.raises(DynBatchError):
+@pytest.mark.parametrize("spec, why", [
+    ("", "must start at step 0"), ("1,x", "expected factors like '1,4'"),
+    ("0.5,1", "must be numbers >= 1"), ("10:1,2", "must start at step 0"),
+    ("0:1,2;0:1,3", "have increasing steps"), ("0:1,2;5:1", "the same number of ranks"),
+    ("1,nan", "must be numbers >= 1"), ("1,inf", "must be numbers >= 1")])
+def test_bad_specs_are_rejected_with_the_spec_named(spec, why):
+    with pytest.raises(DynBatchError) as refused:
         Slowdown.parse(spec)
+    assert f"'{spec}'" in str(refused.value) and why in str(refused.value)
 
 
 def test_world_size_mismatch_is_named():
