@@ -1,6 +1,6 @@
 # One entry for set-up, the demo and the tests. Each target runs the idempotent set-up first,
 # which installs whatever is missing (seconds when nothing is).
-.PHONY: setup demo test benchmarks
+.PHONY: setup demo test check benchmarks
 VENV ?= .venv
 
 setup:
@@ -12,6 +12,10 @@ demo: setup
 test:
 	bash scripts/setup.sh --test
 	$(VENV)/bin/python -m pytest
+
+# The tests that start no process (no launcher, no hvd-dynbatch command): about a minute.
+check: setup
+	$(VENV)/bin/python -m pytest -m "not processes" --timeout 60
 
 benchmarks: setup
 	bash benchmarks/run_all.sh

@@ -1,4 +1,5 @@
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -25,3 +26,30 @@ def slurm_cluster(tmp_path_factory):
     cluster.start()
     yield cluster
     cluster.stop()
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "processes: the test starts processes (a launcher's ranks, the "
+                   "hvd-dynbatch command, a script); `make check` runs every test without it")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test that starts a process must say so (`@pytest.mark.processes`), so that the
+    unmarked tests, which `make check` runs, stay in this one process and take seconds. The
+    guard covers the fixtures the test sets up too."""
+    if item.get_closest_marker("processes"):
+        yield
+        return
+
+    def refuse(self, args, *rest, **kwargs):
+        raise AssertionError(f"{item.nodeid} starts a process ({args!r}) but is not marked "
+                             f"@pytest.mark.processes")
+
+    start = subprocess.Popen._execute_child
+    subprocess.Popen._execute_child = refuse
+    try:
+        yield
+    finally:
+        subprocess.Popen._execute_child = start

@@ -126,6 +126,7 @@ def replay(sample_dir: Path):
     return model.state_dict(), windows
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("launcher", list(Launcher))
 def test_each_update_is_the_sample_weighted_mean_of_the_previous_window(tmp_path, launcher):
     samples, model, metrics = tmp_path / "samples", tmp_path / "m.pt", tmp_path / "m.jsonl"
@@ -155,6 +156,7 @@ def test_each_update_is_the_sample_weighted_mean_of_the_previous_window(tmp_path
     assert all(r["window"] > 0 for r in steps[2:])
 
 
+@pytest.mark.processes
 def test_epochs_count_target_batches_and_max_steps_sets_the_length(tmp_path):
     """ABS-SGD's epoch is ceil(1437 / 64) = 23 windows of the target batch; --max-steps 24
     alone runs past the first epoch (the default of one epoch does not cap it)."""
@@ -164,6 +166,7 @@ def test_epochs_count_target_batches_and_max_steps_sets_the_length(tmp_path):
     assert (summary["steps"], summary["epochs_completed"]) == (24, 1)
 
 
+@pytest.mark.processes
 def test_the_default_configuration_converges_on_two_unequal_ranks(tmp_path):
     """The issue's defaults (lr 0.05, heavy-ball momentum 0.9) on a small problem: an MLP on
     the digits, target batch 256, 2 ranks one 4x slower, 120 windows (0.94 test accuracy

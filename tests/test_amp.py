@@ -134,6 +134,7 @@ def test_an_fp16_run_on_the_cpu_learns_and_overflows_do_not_stop_it(tmp_path):
     assert summary["skipped_steps"] == 0
 
 
+@pytest.mark.processes
 def test_fp16_with_fp16_allreduce_on_two_ranks_reaches_90_percent(tmp_path):
     metrics = tmp_path / "fp16.jsonl"
     job = run_ranks(Launcher.GLOO, 2, [

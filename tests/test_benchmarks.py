@@ -13,6 +13,7 @@ from launcher import DISCOVER, PYTHON, run_ranks
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
+@pytest.mark.processes
 def test_throughput_runs_as_ranks_of_an_mpirun_job():
     job = run_ranks(Launcher.MPIRUN, 2, [
         PYTHON, str(BENCHMARKS / "throughput.py"), "--model", "linear", "--steps", "6",
@@ -30,6 +31,7 @@ def test_throughput_runs_as_ranks_of_an_mpirun_job():
     assert "img/sec per CPU" in iters[0] and "Total img/sec on 2 CPU(s):" in out, out
 
 
+@pytest.mark.processes
 def test_plain_horovod_runs_in_horovods_elastic_state_under_the_elastic_launcher(tmp_path):
     """overhead.py's baseline for elastic jobs: plain Horovod committing as `train` does."""
     hosts, output = tmp_path / "hosts.txt", tmp_path / "plain.json"
@@ -44,6 +46,7 @@ def test_plain_horovod_runs_in_horovods_elastic_state_under_the_elastic_launcher
     assert report["commits"] == 2 and report["samples_per_sec"] > 0
 
 
+@pytest.mark.processes
 def test_make_imagefolder_writes_a_trainable_folder(tmp_path):
     out = subprocess.run([sys.executable, str(BENCHMARKS / "make_imagefolder.py"), str(tmp_path),
                           "--classes", "3", "--train-per-class", "4", "--val-per-class", "2"],

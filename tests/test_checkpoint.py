@@ -108,6 +108,7 @@ def test_a_resumed_run_continues_the_whole_runs_steps(tmp_path, batching):
         assert_same_weights(weights, expected)
 
 
+@pytest.mark.processes
 def test_resume_without_a_checkpoint_starts_fresh_and_a_changed_setting_is_refused(tmp_path):
     ckpt = str(tmp_path / "ckpt")
     out = run_cli(["train", "--max-steps", "3", "--checkpoint-dir", ckpt, "--resume",
@@ -210,6 +211,7 @@ class Job:
         return steps
 
 
+@pytest.mark.processes
 def test_a_killed_job_resumes_on_another_launcher_and_world_with_the_same_weights(
         tmp_path, reference):
     """kill -9 of the whole 2-rank Gloo job after its checkpoint at step 8 or later; resumed
@@ -221,6 +223,7 @@ def test_a_killed_job_resumes_on_another_launcher_and_world_with_the_same_weight
     assert {len(r["batch_sizes"]) for r in steps} == {2, 3}
 
 
+@pytest.mark.processes
 def test_a_killed_elastic_job_resumes_from_its_checkpoints(tmp_path, reference):
     """Elastic commits live in the workers' memory; with --checkpoint-dir they reach the
     disk too: an elastic job killed whole (launcher and every worker) resumes as a new
@@ -239,6 +242,7 @@ def rank_process(job: Job, rank: int) -> psutil.Process:
     return ranks[0]
 
 
+@pytest.mark.processes
 def test_sigterm_to_one_rank_stops_every_rank_at_one_step_with_a_checkpoint(
         tmp_path, reference):
     """SIGTERM (Slurm's notice) to rank 1 alone: both ranks stop at the same step, within
@@ -251,6 +255,7 @@ def test_sigterm_to_one_rank_stops_every_rank_at_one_step_with_a_checkpoint(
     job.resume(Launcher.GLOO, 2, "1,1", reference)
 
 
+@pytest.mark.processes
 def test_sigterm_to_one_abs_rank_stops_every_rank_at_one_window(tmp_path):
     """Under ABS-SGD the request rides in the gradient reduction: both ranks stop at the same
     window, with a checkpoint there."""
@@ -261,6 +266,7 @@ def test_sigterm_to_one_abs_rank_stops_every_rank_at_one_window(tmp_path):
     job.stopped_at(["stopped by SIGTERM to this rank", "stopped by a signal to another rank"])
 
 
+@pytest.mark.processes
 def test_sigterm_to_horovodrun_gloo_stops_the_ranks_with_a_checkpoint(tmp_path):
     """SIGTERM to horovodrun --gloo reaches every rank, and they stop with a checkpoint
     (though the README advises signalling the ranks, see the last paragraph). (mpirun passes

@@ -150,6 +150,7 @@ def test_the_wait_leaves_other_streams_running():
 
 
 
+@pytest.mark.processes
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_asking_for_a_gpu_where_there_is_none_is_a_user_error():
     expect_user_error(run_cli(["train", "--device", "cuda", "--max-steps", "1"]),
@@ -204,6 +205,7 @@ def test_a_bf16_run_on_the_cpu_keeps_float32_weights_and_learns(tmp_path, batchi
     assert summary["final_accuracy"] > 0.6
 
 
+@pytest.mark.processes
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_the_gpu_check_script_stops_at_once_where_there_is_no_gpu(tmp_path):
     script = Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.sh"

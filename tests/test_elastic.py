@@ -123,6 +123,7 @@ def sample_coverage(sample_dir, dataset_size):
     return exact, redone
 
 
+@pytest.mark.processes
 def test_grow_and_shrink_with_scaled_batch_and_smooth_learning_rate(tmp_path, running):
     job = ElasticJob(tmp_path, ["localhost:2"], 2,
                      ["--max-steps", "400", "--batch-policy", "scale", "--lr-rule", "smooth",
@@ -161,6 +162,7 @@ def test_grow_and_shrink_with_scaled_batch_and_smooth_learning_rate(tmp_path, ru
     assert any(len(e["weights_checksums"]) == 3 for e in records if e.get("type") == "eval")
 
 
+@pytest.mark.processes
 def test_a_killed_worker_is_survived_from_the_last_commit(tmp_path, running):
     # Two host names for this machine: Horovod blacklists the host of a failed worker, and
     # a job whose every host is blacklisted stops.
@@ -312,6 +314,7 @@ def lines_in(directory: Path) -> dict:
     return {f: len(f.read_text().splitlines()) for f in directory.iterdir()}
 
 
+@pytest.mark.processes
 def test_without_elastic_a_lost_worker_ends_the_job_with_an_error(tmp_path, running):
     samples = tmp_path / "samples"
     proc = start_local(Launcher.GLOO, 2, [

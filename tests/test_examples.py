@@ -50,6 +50,7 @@ def test_the_readme_shows_the_diff():
     (Launcher.GLOO, ["--num-workers", "2"]),
     (Launcher.MPIRUN, ["--num-workers", "0"]),
 ])
+@pytest.mark.processes
 def test_the_converted_example_trains(launcher, extra):
     job = run_ranks(launcher, 2, [PYTHON, str(CONVERTED), "--epochs", "2", *extra],
                     timeout=240)

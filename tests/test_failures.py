@@ -8,6 +8,8 @@ from hvd_dynbatch.tools.launch import Launcher
 from hvd_dynbatch.training.metrics import step_records
 from launcher import CLI, expect_user_error, run_cli, run_ranks, train_one_process
 
+pytestmark = pytest.mark.processes
+
 # --lr 1e6 makes the mlp's loss NaN within two steps.
 DIVERGING = ["train", "--model", "mlp", "--lr", "1e6", "--global-batch", "64", "--max-steps",
              "20", "--no-progress"]

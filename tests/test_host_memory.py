@@ -4,6 +4,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.processes
+
 # Allocates, fills and frees a 64 MiB block 6 times, then prints the minor page faults of the
 # last 5 rounds. glibc maps a block that large afresh each time (its mmap threshold rises at
 # most to 32 MiB), so each round faults its pages in again (at least one fault per 2 MiB, where

@@ -34,6 +34,7 @@ def _discover(env_file):
     return out.stdout.splitlines()
 
 
+@pytest.mark.processes
 def test_discovery_script_reads_the_hosts_file(tmp_path):
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("# workers now\nlocalhost:3\n\n  other-node:1 \n")
@@ -42,12 +43,14 @@ def test_discovery_script_reads_the_hosts_file(tmp_path):
     assert _discover(hosts) == ["localhost:1"]
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("hosts_file", [None, HOSTFILES / "elastic_hosts.txt"])
 def test_discovery_script_prints_valid_lines(hosts_file):
     lines = _discover(hosts_file)
     assert lines and all(HOST_SLOTS.match(line) for line in lines), lines
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("script", ["slurm_mpirun.sbatch", "slurm_horovodrun.sbatch"])
 def test_slurm_scripts_are_valid_bash(script):
     path = HOSTFILES / script

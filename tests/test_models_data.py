@@ -87,6 +87,7 @@ def train_on_image_folder(tmp_path, folder: dict, options: list) -> tuple:
     return records[-1], weights
 
 
+@pytest.mark.processes
 def test_training_on_an_imagefolder_end_to_end(tmp_path):
     summary, weights = train_on_image_folder(
         tmp_path, dict(classes=6, train_per_class=2, val_per_class=2, size=(20, 14)),
@@ -103,6 +104,7 @@ def test_batch_norm_models_need_two_samples():
     assert least_batch(build_model("cnn", (3, 16, 16), 4)) == 1
 
 
+@pytest.mark.processes
 def test_a_batch_norm_model_never_trains_on_one_sample(tmp_path):
     """13 images in batches of 4 leave one for the epoch's last step: skipped, not a crash."""
     summary, _ = train_on_image_folder(

@@ -84,6 +84,7 @@ def plot(paths, png):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.processes
 def test_plot_draws_lines_in_every_panel(tmp_path):
     metrics, png = tmp_path / "m.jsonl", tmp_path / "out.png"
     write_metrics(metrics, 40)
@@ -93,6 +94,7 @@ def test_plot_draws_lines_in_every_panel(tmp_path):
         assert coloured_pixels(png, rows, cols) > 400, (rows, cols)
 
 
+@pytest.mark.processes
 def test_plot_of_several_files_compares_them(tmp_path):
     paths = [tmp_path / "static.jsonl", tmp_path / "dynamic.jsonl"]
     for path, steps in zip(paths, (30, 40)):
@@ -107,6 +109,7 @@ def test_plot_of_several_files_compares_them(tmp_path):
     (json.dumps({"type": "summary"}) + "\n", "no per-step records"),
     ('{"step": 0, "batch_sizes": [1]\n', "cannot read metrics file"),
 ])
+@pytest.mark.processes
 def test_plot_of_a_file_it_cannot_draw_is_a_clear_error(tmp_path, content, text):
     metrics = tmp_path / "m.jsonl"
     metrics.write_text(content)

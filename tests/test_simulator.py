@@ -118,6 +118,7 @@ def test_model_rule_settles_within_three_with_fixed_costs(overhead, spread):
         assert segment["settle"] is not None and segment["settle"] <= 3, segment
 
 
+@pytest.mark.processes
 def test_simulate_command_prints_tables():
     out = run_cli(["simulate", "--workers", "8,32", "--adjustments", "12", "--events",
                    "6:leave=0.25"])
@@ -139,5 +140,6 @@ def test_simulate_command_prints_tables():
     (["--workers", "8", "--batch-per-worker", "1", "--events", "2:join=1"],
      "workers for a global batch of 8"),
 ])
+@pytest.mark.processes
 def test_simulate_bad_input_is_one_clear_line(args, text):
     expect_user_error(run_cli(["simulate", *args]), text)

@@ -18,6 +18,8 @@ import torch
 from launcher import assert_same_weights, train_one_process
 from slurm import ENDED
 
+pytestmark = pytest.mark.processes
+
 HOSTFILES = Path(__file__).resolve().parent.parent / "hostfiles"
 FORMS = ("mpirun", "srun", "horovodrun")
 RUN = ["--model", "mlp", "--dataset", "digits", "--global-batch", "64", "--max-steps", "300",

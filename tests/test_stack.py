@@ -9,6 +9,8 @@ import pytest
 from hvd_dynbatch.tools.launch import Launcher
 from launcher import CLI, PYTHON, run_ranks
 
+pytestmark = pytest.mark.processes
+
 SCRIPTS = Path(__file__).parent / "scripts"
 
 

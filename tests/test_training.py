@@ -66,6 +66,7 @@ def static_split_with_an_empty_slice(steps):
     (Launcher.MPI, 2, ["--batching", "static", "--initial-split", "63,1"],
      static_split_with_an_empty_slice),
 ])
+@pytest.mark.processes
 def test_n_ranks_end_with_the_weights_of_one(reference, tmp_path, launcher, np, extra,
                                              check_splits):
     ref_weights, ref_metrics = reference
@@ -99,6 +100,7 @@ def test_n_ranks_end_with_the_weights_of_one(reference, tmp_path, launcher, np, 
     assert [r["loss"] for r in steps] == pytest.approx(ref_losses, rel=1e-4)
 
 
+@pytest.mark.processes
 def test_metrics_records_and_summary(reference):
     weights, records = reference
     steps = step_records(records)
@@ -127,6 +129,7 @@ def test_metrics_records_and_summary(reference):
     assert top5 > top1 > 0.3
 
 
+@pytest.mark.processes
 def test_batch_schedule_changes_the_batch_and_ramps_the_learning_rate(tmp_path):
     _, records = train_one_process(["--model", "linear", "--global-batch", "32", "--lr", "0.1",
                                     "--max-steps", "33", "--epochs", "10", "--batch-schedule",
@@ -140,6 +143,7 @@ def test_batch_schedule_changes_the_batch_and_ramps_the_learning_rate(tmp_path):
     assert steps[32]["global_batch"] == 29 and records[-1]["final_split"] == [64]
 
 
+@pytest.mark.processes
 def test_target_accuracy_stops_the_run_and_records_its_time(tmp_path):
     _, records = train_one_process(["--max-steps", "400", "--epochs", "20", "--eval-every",
                                     "5", "--target-accuracy", "0.8"], tmp_path)
@@ -174,15 +178,18 @@ def test_target_accuracy_stops_the_run_and_records_its_time(tmp_path):
     (["--batching", "abs", "--model", "resnet18", "--micro-batch", "1"],
      "use --micro-batch 2 or more"),
 ])
+@pytest.mark.processes
 def test_bad_input_is_one_clear_line(args, text):
     expect_user_error(run_cli(["train", "--max-steps", "2", "--no-progress", *args]), text)
 
 
+@pytest.mark.processes
 def test_demo_with_a_slowdown_for_another_rank_count_is_one_clear_line():
     expect_user_error(run_cli(["demo", "--np", "3", "--slowdown", "1,4"]),
                       "lists 2 factors but the job has 3 ranks")
 
 
+@pytest.mark.processes
 def test_elastic_outside_elastic_mode_says_so():
     out = run_cli(["train", "--elastic", "--max-steps", "2", "--no-progress"])
     assert out.returncode == 0, out.stderr
@@ -195,6 +202,7 @@ def test_ideal_speedup_is_the_sum_of_rates_over_n_times_the_slowest():
     assert ideal_speedup([40.0, 40.0, 40.0]) == pytest.approx(1.0)
 
 
+@pytest.mark.processes
 def test_standalone_records_take_each_distinct_factor_from_its_phases_of_one_job():
     """Factors 1 and 10 in phases of 4 steps after the 12 a rank alone calibrates on: steps
     12-15 at 1, 16-19 at 10, 20-23 at 1, 24-27 at 10, each phase's first two left out; the
@@ -213,6 +221,7 @@ def test_standalone_rates_refuse_phases_too_short_to_measure():
         standalone_rates(["1", "4"], 32, ["--model", "linear"], phase_steps=2)
 
 
+@pytest.mark.processes
 def test_bf16_on_two_ranks_reaches_90_percent_on_the_digits(tmp_path):
     metrics = tmp_path / "bf16.jsonl"
     job = run_ranks(Launcher.GLOO, 2, [
