@@ -43,6 +43,8 @@ def split_follows_the_slowdown_flip(steps):
     # this tiny model the fixed cost of a step dominates, so `p` drifts between the equally
     # fast ranks 0 and 1 (52,11 by step 12 in one run). At 3x the flip was lost in that noise
     # (rank 0's mean share rose from 34 to 37.8 in one CI run); at 8x it was found in 12 of 12.
+    # --hold-seconds 0 keeps the exchanges every 2 steps: spaced out by a hold, they follow the
+    # step time, and the first after the flip could come too late for steps 20-29.
     assert smallest_rank(steps[13]) == 2, steps[13]["batch_sizes"]
     before = [s["batch_sizes"][0] for s in steps[6:14]]
     after = [s["batch_sizes"][0] for s in steps[20:30]]
@@ -61,7 +63,7 @@ def static_split_with_an_empty_slice(steps):
                         "--loader-workers", "2"],
      slow_rank_gets_less_after_starting_with_more),
     (Launcher.MPIRUN, 3, ["--slowdown", "0:1,1,8;14:8,1,1", "--controller", "p",
-                          "--loader-workers", "1"],
+                          "--loader-workers", "1", "--hold-seconds", "0"],
      split_follows_the_slowdown_flip),
     (Launcher.MPI, 2, ["--batching", "static", "--initial-split", "63,1"],
      static_split_with_an_empty_slice),
