@@ -1,4 +1,5 @@
 """Training under real launchers: N ranks end with the weights of 1 rank, metrics, bad input."""
+import re
 import statistics
 
 import pytest
@@ -189,6 +190,33 @@ def test_bad_input_is_one_clear_line(args, text):
 def test_demo_with_a_slowdown_for_another_rank_count_is_one_clear_line():
     expect_user_error(run_cli(["demo", "--np", "3", "--slowdown", "1,4"]),
                       "lists 2 factors but the job has 3 ranks")
+
+
+@pytest.mark.processes
+def test_the_demo_runs_both_jobs_to_the_target_and_prints_what_dynamic_batching_gains():
+    """The README's main job as a user runs it: `hvd-dynbatch demo`, 2 ranks, rank 1 four
+    times slower. Both runs reach 90% test accuracy in the same steps (the same global batch
+    and seed); the dynamic one gives the slow rank the smaller batch and is faster. The ideal
+    speedup it prints is the arithmetic of the rates it prints beside it: equal batches run
+    at n x the slowest rate, the ideal split at their sum."""
+    out = run_cli(["demo"], timeout=300)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    rows = {cells[0]: cells for cells in (
+        [c.strip() for c in line.strip("|").split("|")] for line in out.stdout.splitlines()
+        if line.startswith(("| static ", "| dynamic ")))}
+    assert set(rows) == {"static", "dynamic"}, out.stdout
+    static, dynamic = rows["static"], rows["dynamic"]
+    assert static[2] == "1.00x" and static[4] == dynamic[4], out.stdout
+    for row in (static, dynamic):
+        assert float(row[3]) > 0 and float(row[5]) >= 0.9, out.stdout   # target reached
+    assert float(dynamic[2].rstrip("x")) > 1.0, out.stdout
+    fast, slow = map(int, dynamic[6].split(","))
+    assert static[6] == "256,256" and slow < fast and fast + slow == 512, out.stdout
+    ideal = re.search(r"ideal speedup ([\d.]+)x: .*samples/s: (\d+) at factor 1, (\d+) at "
+                      r"factor 4\)", out.stdout)
+    assert ideal, out.stdout
+    printed, rate_1, rate_4 = float(ideal[1]), int(ideal[2]), int(ideal[3])
+    assert printed == pytest.approx((rate_1 + rate_4) / (2 * rate_4), abs=0.006)
 
 
 @pytest.mark.processes
