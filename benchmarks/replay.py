@@ -130,8 +130,8 @@ def main():
             continue
         found = replay(records, args.untimed_steps, args.lag, args.min_batch)
         ran = [(mine, theirs) for mine, theirs in zip(found.replayed, found.recorded) if theirs]
-        steady = statistics.median(r["batch_sizes"][0]
-                                   for r in steps[args.phase // 2:args.phase])
+        phase = min(args.phase, len(steps))   # a job shorter than --phase: all of it
+        steady = statistics.median(r["batch_sizes"][0] for r in steps[phase // 2:phase])
         rows.append([path.stem, "yes" if all(m == t for m, t in ran) else "no",
                      *("-" if split is None else f"{split[0] - steady:+g}"
                        for split in (found.recorded + [None] * 3)[:3]),

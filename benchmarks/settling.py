@@ -186,10 +186,13 @@ def main():
     args = parser.parse_args()
     if args.repeats < 1 or args.seeds < 1 or args.drift < 0:
         parser.error("--repeats and --seeds must be at least 1, --drift not negative")
+    slowdowns = [Slowdown.parse(schedule) for schedule in args.schedules]
+    if any(len(slowdown.starts) < 2 for slowdown in slowdowns):
+        parser.error("each of --schedules must change the factors at least once, as "
+                     "'0:1,4;75:4,1' does: settling is measured from even and after a change")
     rules = [Rule(r) for r in args.rules]
     rows, pair_rows, drift_rows = [], [], []
-    for schedule in args.schedules:
-        slowdown = Slowdown.parse(schedule)
+    for schedule, slowdown in zip(args.schedules, slowdowns):
         change_at = slowdown.starts[1] // args.adjust_every
         for model in args.models:
             options = ["--model", model, "--dataset", "synthetic"]

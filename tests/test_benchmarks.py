@@ -171,13 +171,10 @@ def test_replay_exchanges_where_the_job_did_while_the_split_held():
     assert len(replay([*ran, {"config": config}], 2, lag=0, min_batch=2).readings) == 10
 
 
-@pytest.mark.parametrize("rule", ["model", "pid"])
-def test_replay_tells_the_changes_of_speed_the_controller_took(rule):
-    """Two ranks at 2 ms of fixed cost and 1 and 4 ms a sample; from step 40 rank 0 runs 3
-    times slower. The first exchange after it takes rank 0's speed for changed, and no
-    other exchange takes a change. The job runs the splits the replayed controller decides,
-    which reach, within a sample, the ones that equalise the step times (the equal fixed
-    costs cancel): b0 = 4/5 of 256 = 204.8 before step 40, 4/7 of it = 146.3 after."""
+def changing_job(rule: str):
+    """A job's records as the ranks would write them: two ranks at 2 ms of fixed cost and 1
+    and 4 ms a sample, rank 0 three times slower from step 40, 60 steps, each split the one
+    the replayed controller decides; and the config its summary carries."""
     sys.path.insert(0, str(BENCHMARKS))
     from replay import replay
     from hvd_dynbatch.training.config import TrainConfig
@@ -190,6 +187,73 @@ def test_replay_tells_the_changes_of_speed_the_controller_took(rule):
                     "compute_times": [0.002 + c * b for c, b in zip(per_sample, split)]})
         if (k + 1) % config["adjust_every"] == 0:
             split = replay([*ran, {"config": config}], 2, lag=0, min_batch=2).replayed[-1]
+    return ran, config
+
+
+@pytest.mark.parametrize("rule", ["model", "pid"])
+def test_replay_tells_the_changes_of_speed_the_controller_took(rule):
+    """The first exchange after rank 0 slows down takes its speed for changed, and no other
+    exchange takes a change. The splits the job ran reach, within a sample, the ones that
+    equalise the step times (the equal fixed costs cancel): b0 = 4/5 of 256 = 204.8 before
+    step 40, 4/7 of it = 146.3 after."""
+    from replay import replay
+
+    ran, config = changing_job(rule)
     assert abs(ran[39]["batch_sizes"][0] - 256 * 4 / 5) <= 1, ran[39]
-    assert abs(split[0] - 256 * 4 / 7) <= 1, split
+    assert abs(ran[-1]["batch_sizes"][0] - 256 * 4 / 7) <= 1, ran[-1]
     assert replay([*ran, {"config": config}], 2, lag=0, min_batch=2).changes == [(45, [0])]
+
+
+# Smoke runs of the benchmark scripts at their smallest sizes: a refactor that breaks one
+# fails here. (Those that need minutes even at their smallest are listed in the README.)
+def script(name: str, *args, timeout: float = 120) -> str:
+    """`python benchmarks/NAME ARGS` as a user runs it; its standard output."""
+    done = subprocess.run([PYTHON, str(BENCHMARKS / name), *args], cwd=BENCHMARKS,
+                          env=local_env(), capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    return done.stdout
+
+
+def table_rows(out: str, first: str) -> list:
+    """The cells of the rows of `out`'s tables whose first cell is `first`."""
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines()
+            if line.startswith("|")]
+    return [row for row in rows if row[0] == first]
+
+
+@pytest.mark.processes
+def test_replay_script_tells_a_job_it_replays_matches(tmp_path):
+    ran, config = changing_job("model")
+    path = tmp_path / "changing.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [*ran, {"config": config}]))
+    (row,) = table_rows(script("replay.py", str(path)), "changing")
+    assert row[1] == "yes" and row[-1] == "45:0", row
+
+
+@pytest.mark.processes
+def test_fixed_costs_script_prints_every_rule_at_every_size():
+    out = script("fixed_costs.py", "--workers", "8,16", "--adjustments", "12", "--events",
+                 "6:leave=0.25")
+    # 3 fixed costs x 2 spreads x 2 worker counts x 3 rules, then the event for 2 x 3.
+    costs = [row for first in ("0", "0.05", "0.2") for row in table_rows(out, first)
+             if len(row) == 9]
+    assert len(costs) == 36 and {row[3] for row in costs} == {"p", "pid", "model"}, out
+    events = [row for first in ("8", "16") for row in table_rows(out, first)]
+    assert len(events) == 6 and all(row[2] == "at 6" for row in events), out
+
+
+@pytest.mark.processes
+def test_time_to_accuracy_script_times_both_batchings():
+    out = script("time_to_accuracy.py", "--slowdowns", "1,4", "--repeats", "1", "--target",
+                 "0.5")
+    rows = table_rows(out, "1,4")
+    assert [row[1] for row in rows] == ["static", "dynamic"], out
+    assert all(float(row[3]) > 0 for row in rows), out
+
+
+@pytest.mark.processes
+def test_settling_script_refuses_a_schedule_without_a_change():
+    done = subprocess.run([PYTHON, str(BENCHMARKS / "settling.py"), "--schedules", "0:1,4"],
+                          env=local_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "must change the factors at least once" in done.stderr
+    assert "Traceback" not in done.stderr
