@@ -93,7 +93,10 @@ def main():
             print(f"elastic: rule {rule} ...", file=sys.stderr)
             records = elastic_runs[rule] = elastic(rule, args, Path(tmp))
             steps = step_records(records)
-            change = next(r["step"] for r in steps if r["world_size"] == 4)
+            change = next((r["step"] for r in steps if r["world_size"] == 4), None)
+            if change is None:
+                sys.exit(f"the elastic job (rule {rule}) ended before it grew to 4 workers: "
+                         f"give it more --steps after --change-at {args.change_at}")
             elastic_rows.append([rule, change, *figures(records, change, args.window)])
     if args.plots:
         Path(args.plots).mkdir(parents=True, exist_ok=True)
