@@ -13,7 +13,7 @@ test:
 	bash scripts/setup.sh --test
 	$(VENV)/bin/python -m pytest
 
-# The tests that start no process (no launcher, no hvd-dynbatch command): about a minute.
+# The tests that start no process (no launcher, no hvd-dynbatch command): under a minute.
 check: setup
 	$(VENV)/bin/python -m pytest -m "not processes" --timeout 60
 
