@@ -74,6 +74,13 @@ def expect_user_error(out: subprocess.CompletedProcess, text: str) -> None:
     assert "Traceback" not in out.stderr
 
 
+def table_rows(out: str, first: str) -> list:
+    """The cells of the rows of the markdown tables in `out` whose first cell is `first`."""
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines()
+            if line.startswith("|")]
+    return [row for row in rows if row[0] == first]
+
+
 def run_ranks(launcher: Launcher, np: int, argv, timeout: float = 120, **kwargs) -> Ranks:
     """Run `argv` as `np` local ranks under `launcher`, bounded by `timeout` seconds."""
     job = run_local(launcher, np, list(argv), timeout=timeout, **kwargs)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hvd_dynbatch.tools.launch import Launcher, local_env
-from launcher import DISCOVER, PYTHON, run_ranks
+from launcher import DISCOVER, PYTHON, run_ranks, table_rows
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
@@ -214,13 +214,6 @@ def script(name: str, *args, timeout: float = 120) -> str:
                           env=local_env(), capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     return done.stdout
-
-
-def table_rows(out: str, first: str) -> list:
-    """The cells of the rows of `out`'s tables whose first cell is `first`."""
-    rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines()
-            if line.startswith("|")]
-    return [row for row in rows if row[0] == first]
 
 
 @pytest.mark.processes

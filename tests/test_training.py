@@ -13,7 +13,7 @@ from hvd_dynbatch.training.metrics import read_metrics, step_records
 from hvd_dynbatch.training.trainer import weights_checksum
 from evaluation import top1_top5
 from launcher import (CLI, assert_same_weights, expect_user_error, run_cli, run_ranks,
-                      train_one_process)
+                      table_rows, train_one_process)
 
 # No batch-norm, no dropout: the update of a split step equals the one-rank step exactly.
 COMMON = ["--model", "mlp", "--dataset", "digits", "--global-batch", "64",
@@ -201,11 +201,9 @@ def test_the_demo_runs_both_jobs_to_the_target_and_prints_what_dynamic_batching_
     at n x the slowest rate, the ideal split at their sum."""
     out = run_cli(["demo"], timeout=300)
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
-    rows = {cells[0]: cells for cells in (
-        [c.strip() for c in line.strip("|").split("|")] for line in out.stdout.splitlines()
-        if line.startswith(("| static ", "| dynamic ")))}
-    assert set(rows) == {"static", "dynamic"}, out.stdout
-    static, dynamic = rows["static"], rows["dynamic"]
+    rows = {name: table_rows(out.stdout, name) for name in ("static", "dynamic")}
+    assert [len(found) for found in rows.values()] == [1, 1], out.stdout
+    (static,), (dynamic,) = rows.values()
     assert static[2] == "1.00x" and static[4] == dynamic[4], out.stdout
     for row in (static, dynamic):
         assert float(row[3]) > 0 and float(row[5]) >= 0.9, out.stdout   # target reached
