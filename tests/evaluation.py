@@ -1,10 +1,15 @@
 """Test helpers, computed in the test's own process to check what a run reports against: a
-saved model's test accuracy, and ABS-SGD's delayed updates replayed in plain PyTorch."""
+saved model's test accuracy, and ABS-SGD's delayed updates replayed in plain PyTorch from the
+samples a run logged."""
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from hvd_dynbatch.data.datasets import load_dataset
 from hvd_dynbatch.training.models import build_model
 
 
@@ -21,7 +26,8 @@ def top1_top5(weights: dict, model_name: str, data) -> tuple:
 
 
 def replay_delayed_sgd(model, optimizer, train, windows, staleness: str = "none",
-                       dc_strength: float = 0.04) -> None:
+                       dc_strength: float = 0.04, resumed_at: int = None,
+                       ended_at: int = None) -> None:
     """ABS-SGD in one process: `windows[k]` holds each rank's samples of window k (of the
     split `train`); the window's mean gradient over all of them is applied one window later,
     and the last window is applied at the end.
@@ -30,7 +36,12 @@ def replay_delayed_sgd(model, optimizer, train, windows, staleness: str = "none"
     "predict", at those weights moved by lr x (momentum x the momentum buffer + that rank's
     mean gradient of the window before) and put back after; under "dc" the applied gradient
     g is g + dc_strength x g x g x (the weights' change in the last update). ("momentum" is
-    the optimizer's own momentum.)"""
+    the optimizer's own momentum.)
+
+    Resumes: window `resumed_at` is the first of a run resumed from a checkpoint taken
+    mid-run, and is predicted from the momentum part alone (a rank's share is not in the
+    checkpoint); window `ended_at` is the first of a run resumed from one that ended there,
+    which applied its pending window at its end."""
     params = list(model.parameters())
     pending, shares, change = None, None, None
     group = optimizer.param_groups[0]
@@ -45,7 +56,12 @@ def replay_delayed_sgd(model, optimizer, train, windows, staleness: str = "none"
         optimizer.step()
         change = [p.detach() - b for p, b in zip(params, before)]
 
-    for ranks in windows:
+    for k, ranks in enumerate(windows):
+        if k == ended_at:
+            apply(pending)
+            pending = None
+        if k in (resumed_at, ended_at):
+            shares = None
         total = [torch.zeros_like(p) for p in params]
         buffers = [optimizer.state[p].get("momentum_buffer") for p in params]
         predict = staleness == "predict" and (
@@ -74,3 +90,30 @@ def replay_delayed_sgd(model, optimizer, train, windows, staleness: str = "none"
             apply(pending)
         pending, shares = [t / sum(map(len, ranks)) for t in total], new_shares
     apply(pending)
+
+
+def logged_windows(directory: Path, ranks: int) -> dict:
+    """Each step's samples per rank, from the ranks' `--sample-log` files in `directory`;
+    every (step, rank) logged once."""
+    windows = {}
+    for f in directory.iterdir():
+        for line in f.read_text().splitlines():
+            rec = json.loads(line)
+            window = windows.setdefault(rec["step"], [None] * ranks)
+            assert window[rec["rank"]] is None, f"step {rec['step']} logged twice"
+            window[rec["rank"]] = rec["indices"]
+    assert all(None not in w for w in windows.values()), "a rank's window is missing"
+    return windows
+
+
+def replay_abs_run(windows: list, model_name: str, seed: int, lr: float, momentum: float,
+                   staleness: str = "predict", **resume) -> dict:
+    """The weights an ABS-SGD run on the digits ends with that computed `windows` (each
+    window's samples per rank, in order) from `model_name`'s initialisation at `seed`;
+    `resume`: where it was resumed (`replay_delayed_sgd`'s `resumed_at` or `ended_at`)."""
+    data = load_dataset("digits")
+    torch.manual_seed(seed)
+    model = build_model(model_name, data.input_shape, data.num_classes)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    replay_delayed_sgd(model, optimizer, data.train, windows, staleness, **resume)
+    return model.state_dict()

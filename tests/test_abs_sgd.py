@@ -1,20 +1,15 @@
 """ABS-SGD: the window rule alone, and real runs checked against a one-process replay."""
-import collections
-import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from hvd_dynbatch.core.abs_sgd import Window, WindowRule, last_micro_batch, next_micro_batch
-from hvd_dynbatch.data.datasets import load_dataset
 from hvd_dynbatch.errors import DynBatchError
 from hvd_dynbatch.tools.launch import Launcher
 from hvd_dynbatch.training.metrics import read_metrics
-from hvd_dynbatch.training.models import build_model
-from evaluation import replay_delayed_sgd
+from evaluation import logged_windows, replay_abs_run
 from launcher import CLI, assert_same_weights, run_ranks, train_one_process
 
 
@@ -107,25 +102,6 @@ ARGS = ["train", "--batching", "abs", "--model", "linear", "--dataset", "digits"
         "--slowdown", "1,3", "--adjust-every", "3", "--eval-every", "100", "--no-progress"]
 
 
-def replay(sample_dir: Path):
-    """The training in one process: window k's samples, from the ranks' logs, give the mean
-    gradient, each rank's part at the weights it predicted; it is applied one window later;
-    the last is flushed. Returns the weights and each window's samples per rank."""
-    windows = collections.defaultdict(lambda: [[], []])
-    for f in sample_dir.iterdir():
-        for line in f.read_text().splitlines():
-            rec = json.loads(line)
-            windows[rec["step"]][rec["rank"]] = rec["indices"]
-    data = load_dataset("digits")
-    torch.manual_seed(SEED)
-    model = build_model("linear", data.input_shape, data.num_classes)
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    # The default staleness compensation, weight prediction.
-    replay_delayed_sgd(model, opt, data.train, [windows[k] for k in sorted(windows)],
-                       "predict")
-    return model.state_dict(), windows
-
-
 @pytest.mark.processes
 @pytest.mark.parametrize("launcher", list(Launcher))
 def test_each_update_is_the_sample_weighted_mean_of_the_previous_window(tmp_path, launcher):
@@ -133,8 +109,12 @@ def test_each_update_is_the_sample_weighted_mean_of_the_previous_window(tmp_path
     job = run_ranks(launcher, 2, [*CLI, *ARGS, "--sample-log", str(samples), "--save-model",
                                   str(model), "--metrics", str(metrics)], timeout=180)
     assert job.returncode == 0, job.explain()
-    expected, windows = replay(samples)
+    windows = logged_windows(samples, 2)
     assert sorted(windows) == list(range(STEPS))
+    # Window k's samples give the mean gradient, each rank's part at the weights it
+    # predicted (the default compensation); it is applied one window later, the last flushed.
+    expected = replay_abs_run([windows[k] for k in range(STEPS)], "linear", SEED, LR,
+                              MOMENTUM)
     assert_same_weights(torch.load(model), expected, rtol=1e-4)
 
     records = read_metrics(str(metrics))

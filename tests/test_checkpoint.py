@@ -15,6 +15,7 @@ from hvd_dynbatch.training.checkpoint import CheckpointDir, check_fingerprint, f
 from hvd_dynbatch.training.config import TrainConfig
 from hvd_dynbatch.training.metrics import read_metrics, step_records, truncate_metrics
 from hvd_dynbatch.training.trainer import train
+from evaluation import logged_windows, replay_abs_run
 from launcher import (CLI, DISCOVER, assert_same_weights, expect_user_error, run_cli,
                       run_ranks, train_one_process)
 
@@ -84,15 +85,18 @@ def local_run(tmp_path, **options):
 
 @pytest.mark.parametrize("batching", ["dynamic", "abs"])
 def test_a_resumed_run_continues_the_whole_runs_steps(tmp_path, batching):
-    """Stopped at step 13 (the end checkpoint), resumed to 30: every step once in the
+    """Ended at step 13 (the end checkpoint), resumed to 30: every step once in the
     metrics, --max-steps counting the whole run; synchronous steps end with the weights of
-    the run that never stopped (ABS-SGD's windows are timed, so its samples differ)."""
-    ckpt = str(tmp_path / "ckpt")
+    the run that never stopped. ABS-SGD's windows are timed, so no other run computes the
+    same ones: its weights are those of its logged windows replayed as two runs, the first
+    ended (its last window applied at its end), the second going on from it."""
+    ckpt, samples = str(tmp_path / "ckpt"), tmp_path / "samples"
     first, _ = local_run(tmp_path, batching=batching, max_steps=13, checkpoint_dir=ckpt,
-                         checkpoint_every=5)
+                         checkpoint_every=5, sample_log=str(samples))
     assert first["steps"] == 13
     summary, weights = local_run(tmp_path, batching=batching, max_steps=30,
-                                 checkpoint_dir=ckpt, checkpoint_every=5, resume=True)
+                                 checkpoint_dir=ckpt, checkpoint_every=5, resume=True,
+                                 sample_log=str(samples))
     records = read_metrics(str(tmp_path / "m.jsonl"))
     assert [r["step"] for r in step_records(records)] == list(range(30))
     assert [r["type"] for r in records if r.get("type") in ("resume", "summary")] == \
@@ -105,6 +109,13 @@ def test_a_resumed_run_continues_the_whole_runs_steps(tmp_path, batching):
         alone = tmp_path / "alone"
         alone.mkdir()
         _, expected = local_run(alone, batching=batching, max_steps=30)
+        assert_same_weights(weights, expected)
+    else:
+        windows = logged_windows(samples, 1)
+        assert sorted(windows) == list(range(30))
+        expected = replay_abs_run([windows[k] for k in range(30)], "mlp", seed=2,
+                                  lr=TrainConfig.lr, momentum=TrainConfig.momentum,
+                                  ended_at=13)
         assert_same_weights(weights, expected)
 
 
@@ -233,6 +244,40 @@ def test_a_killed_elastic_job_resumes_from_its_checkpoints(tmp_path, reference):
     job = Job(tmp_path, every=4, elastic=True)
     job.kill_after_checkpoint(8)
     job.resume(Launcher.GLOO, 2, "1,1", reference, **job.launch)
+
+
+@pytest.mark.processes
+def test_a_killed_abs_job_resumes_with_the_weights_of_its_windows_run_without_a_stop(
+        tmp_path):
+    """ABS-SGD's windows are timed, so no other run computes the same ones; what a resume
+    must keep is checked against the windows themselves. kill -9 of the 2-rank job after its
+    checkpoint at step 8 or later (taken with window s-1's reduced gradient not yet applied);
+    resumed: the windows before the resumed step s, from the first run's sample log, and
+    from s on, from the resumed run's, replayed as one uninterrupted ABS-SGD run (each
+    window's mean gradient applied one window later, weight prediction, the last flushed;
+    window s predicted from the momentum alone, as a rank's share of the pending gradient
+    is its own and not saved) give the saved weights. A resume that lost the pending
+    gradient or the momentum, or that redid or skipped a window, ends elsewhere."""
+    first, then = tmp_path / "samples-first", tmp_path / "samples-resumed"
+    abs_options = ["--batching", "abs", "--micro-batch", "8"]
+    job = Job(tmp_path, every=4, options=[*abs_options, "--sample-log", str(first)])
+    job.kill_after_checkpoint(8)
+    resumed = run_ranks(Launcher.GLOO, 2, [*CLI, "train", *COMMON, *job.files, "--resume",
+                                           *abs_options, "--slowdown", "1,3",
+                                           "--sample-log", str(then)], timeout=240)
+    assert resumed.returncode == 0, resumed.explain()
+    step = int(resumed.job.stderr.split("resuming from ")[1].split(" at step ")[1].split()[0])
+    assert step >= 8 and step % 4 == 0, resumed.job.stderr
+    before = logged_windows(first, 2)
+    after = logged_windows(then, 2)
+    assert sorted(after) == list(range(step, 40)) and set(range(step)) <= set(before)
+    windows = [before[k] for k in range(step)] + [after[k] for k in range(step, 40)]
+    assert [r["batch_sizes"] for r in step_records(read_metrics(str(job.metrics)))] == \
+        [[len(i) for i in w] for w in windows]
+    # COMMON's model, seed and lr, at the default momentum.
+    expected = replay_abs_run(windows, "mlp", seed=3, lr=0.05,
+                              momentum=TrainConfig.momentum, resumed_at=step)
+    assert_same_weights(torch.load(job.model), expected, rtol=1e-4)
 
 
 def rank_process(job: Job, rank: int) -> psutil.Process:
