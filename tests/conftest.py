@@ -32,6 +32,10 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "processes: the test starts processes (a launcher's ranks, the "
                    "hvd-dynbatch command, a script); `make check` runs every test without it")
+    # On a machine where it has never run, matplotlib builds its font cache on first use by
+    # running fc-list: built here, before the guard below, which would refuse it in the
+    # plotting tests.
+    import matplotlib.font_manager  # noqa: F401
 
 
 @pytest.hookimpl(hookwrapper=True)
