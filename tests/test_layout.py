@@ -19,7 +19,7 @@ ALLOWED = {
 # requirements, and torchvision where a GPU cluster has it (`training/models.py`).
 THIRD_PARTY = {
     "core": {"numpy"},
-    "data": {"numpy", "torch", "PIL", "sklearn"},
+    "data": {"numpy", "torch", "PIL"},
     "backend": {"numpy", "torch", "horovod", "mpi4py"},
     "training": {"numpy", "torch", "torchvision", "tqdm"},
     "tools": {"numpy", "torch", "click", "matplotlib", "psutil", "tqdm", "horovod", "mpi4py"},
