@@ -9,11 +9,13 @@ ABS-SGD, the share of settled windows whose global sample count is within 10% of
 batch (settled: from window 2, when every rank's rate is known, and not the two windows
 after a change of speed, which were planned from the old rates).
 
-    python benchmarks/abs_compare.py [--target 0.9] [--repeats 2]
+    python benchmarks/abs_compare.py [--target 0.9] [--repeats 2] [--scenarios static fluctuating]
+        [--methods static pid abs abs-none]
 """
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 
@@ -23,16 +25,19 @@ from hvd_dynbatch.core.heterogeneity import Slowdown
 from hvd_dynbatch.tools.jobs import run_training_job, summary_of
 from hvd_dynbatch.training.metrics import step_records
 
+# name on the command line: (name in the table, slowdown)
 SCENARIOS = {
-    "static 1,4": "1,4",
-    "fluctuating (1,4 and 4,1, swapped every 10 steps)":
-        ";".join(f"{s}:{'1,4' if (s // 10) % 2 == 0 else '4,1'}" for s in range(0, 400, 10)),
+    "static": ("static 1,4", "1,4"),
+    "fluctuating": ("fluctuating (1,4 and 4,1, swapped every 10 steps)", ";".join(
+        f"{s}:{'1,4' if (s // 10) % 2 == 0 else '4,1'}" for s in range(0, 400, 10))),
 }
-METHODS = {"static": ["--batching", "static"],
-           "dynamic (pid)": ["--batching", "dynamic", "--controller", "pid"],
-           "ABS-SGD (staleness: predict)": ["--batching", "abs", "--micro-batch", "16"],
-           "ABS-SGD (staleness: none)": ["--batching", "abs", "--micro-batch", "16",
-                                         "--staleness", "none"]}
+# name on the command line: (name in the table, train options); static comes first, as the
+# others' samples to target are given as multiples of its.
+METHODS = {"static": ("static", ["--batching", "static"]),
+           "pid": ("dynamic (pid)", ["--batching", "dynamic", "--controller", "pid"]),
+           "abs": ("ABS-SGD (staleness: predict)", ["--batching", "abs", "--micro-batch", "16"]),
+           "abs-none": ("ABS-SGD (staleness: none)", ["--batching", "abs", "--micro-batch",
+                                                      "16", "--staleness", "none"])}
 
 
 def settled_within(records: list, slowdown: str, target: int, tolerance: float = 0.1) -> float:
@@ -41,6 +46,8 @@ def settled_within(records: list, slowdown: str, target: int, tolerance: float =
     changes = {s + k for s in Slowdown.parse(slowdown).starts[1:] for k in (0, 1)}
     counts = [r["global_batch"] for r in step_records(records)
               if r["step"] >= 2 and r["step"] not in changes]
+    if not counts:
+        return math.nan
     return sum(abs(c - target) <= tolerance * target for c in counts) / len(counts)
 
 
@@ -49,14 +56,20 @@ def main():
     parser.add_argument("--target", type=float, default=0.9)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--global-batch", type=int, default=256)
+    parser.add_argument("--scenarios", nargs="+", choices=list(SCENARIOS),
+                        default=list(SCENARIOS))
+    parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
+    parser.add_argument("--epochs", type=int, default=60,
+                        help="The most a run trains when it does not reach --target.")
     args = parser.parse_args()
     base = ["--model", "cnn", "--dataset", "digits", "--global-batch", str(args.global_batch),
-            "--lr", "0.05", "--momentum", "0.9", "--seed", "0", "--epochs", "60",
+            "--lr", "0.05", "--momentum", "0.9", "--seed", "0", "--epochs", str(args.epochs),
             "--eval-every", "5", "--adjust-every", "3",
             "--target-accuracy", str(args.target)]
     rows = []
-    for scenario, slowdown in SCENARIOS.items():
-        for method, options in METHODS.items():
+    for scenario, slowdown in (SCENARIOS[name] for name in args.scenarios):
+        static_samples = None
+        for method, options in (METHODS[name] for name in METHODS if name in args.methods):
             runs, within = [], []
             for _ in range(args.repeats):
                 print(f"{scenario}: {method} ...", file=sys.stderr)

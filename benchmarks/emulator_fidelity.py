@@ -19,6 +19,7 @@ runs slow or fast:
   control: how far apart two unslowed ranks of this machine already are.
 
     python benchmarks/emulator_fidelity.py [--factors 4 8] [--repeats 3] [--models cnn resnet18]
+        [--batches 256 128 16 32]
 """
 from __future__ import annotations
 
@@ -75,10 +76,13 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--models", nargs="+", choices=["cnn", "resnet18"],
                         default=["cnn", "resnet18"])
+    parser.add_argument("--batches", nargs="+", type=int,
+                        choices=sorted({batch for _, batch, _, _ in CASES}),
+                        help="Only the cases at these batches of one worker [all].")
     args = parser.parse_args()
     rows = []
     for options, batch, steps, rounds in CASES:
-        if options[1] not in args.models:
+        if options[1] not in args.models or (args.batches and batch not in args.batches):
             continue
         factors = ["1", *args.factors]
         alone, alone_compute, in_job = ({f: [] for f in factors} for _ in range(3))

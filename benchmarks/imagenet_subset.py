@@ -9,11 +9,11 @@ batching, under an emulated slowdown. It reports throughput, training time, and 
 top-5 validation accuracy.
 
 The second table is about loading. Each model of `--loading-models` trains on 1 and on 2
-ranks (dynamic batching, no emulated slowdown, so nothing but compute and loading sets the
-pace) three times: on photo-sized JPEGs (`--photo-size`, ImageNet's typical 500x375 by
-default) decoded in the training process (0 workers); the same decoded ahead by
-`--loader-workers` worker processes per rank; and on in-memory `synthetic` data of the same
-image size, whose loading costs nothing. With t the steady seconds per sample of each,
+ranks (`--loading-ranks`; dynamic batching, no emulated slowdown, so nothing but compute
+and loading sets the pace) three times: on photo-sized JPEGs (`--photo-size`, ImageNet's
+typical 500x375 by default) decoded in the training process (0 workers); the same decoded
+ahead by `--loader-workers` worker processes per rank; and on in-memory `synthetic` data of
+the same image size, whose loading costs nothing. With t the steady seconds per sample of each,
 loading costs t(0) - t(synthetic) and the workers hide 1 - (t(workers) - t(synthetic)) /
 (t(0) - t(synthetic)) of it, when loading costs at least 10% of t(synthetic) (less is
 within this shared machine's run-to-run noise). Workers hide loading only on cores the
@@ -24,6 +24,7 @@ far below its decoding.
     python benchmarks/imagenet_subset.py [--data-dir ~/data/imagenette2-160]
         [--model resnet18] [--image-size 32] [--epochs 3] [--slowdown 1,4]
         [--loader-workers 2] [--loading-models cnn,resnet18] [--loading-steps 40]
+        [--loading-ranks 1 2]
 
 Without --data-dir it first writes small ImageFolders of generated images
 (`hvd_dynbatch.data.datasets.write_image_folder`) to a temporary directory, so the whole path
@@ -62,6 +63,8 @@ def main():
                         help="Models of the loading table, comma-separated ('' skips it).")
     parser.add_argument("--loading-steps", type=int, default=40,
                         help="Steps of each run of the loading table.")
+    parser.add_argument("--loading-ranks", type=int, nargs="+", default=[1, 2],
+                        help="Ranks of the loading table's runs, each in turn.")
     parser.add_argument("--photo-size", default="500x375",
                         help="WIDTH x HEIGHT of the generated JPEGs of the loading table.")
     args = parser.parse_args()
@@ -124,7 +127,7 @@ def compare_loading(args, models: list, data_dir: str, source: str) -> None:
              ("synthetic (no loading)", ["--dataset", "synthetic"], 0)]
     rows = []
     for model in models:
-        for ranks in (1, 2):
+        for ranks in args.loading_ranks:
             seconds = []
             for label, data, workers in kinds:
                 print(f"{model} on {ranks} rank(s), {label} ...", file=sys.stderr)

@@ -15,7 +15,7 @@ worker i's rate taken as that over its factor, which is what the emulator's slee
 On a cluster, run `hvd-dynbatch train` with the same options and no --slowdown.
 
     python benchmarks/matrix.py [--levels HL1 HL2 HL4 HL8 cores:12/12/12/12 cores:6/6/4/32]
-                                [--plots DIR [--plot-levels HL8 ...]]
+                                [--methods static p pid abs] [--plots DIR [--plot-levels HL8 ...]]
 """
 from __future__ import annotations
 
@@ -31,10 +31,11 @@ from hvd_dynbatch.tools.jobs import run_training_job, standalone_rates, summary_
 from hvd_dynbatch.tools.plot import plot_comparison, plot_run
 from hvd_dynbatch.training.metrics import steady_throughput
 
-METHODS = {"static": ["--batching", "static"],
-           "dynamic p": ["--batching", "dynamic", "--controller", "p"],
-           "dynamic pid": ["--batching", "dynamic", "--controller", "pid"],
-           "ABS-SGD": ["--batching", "abs", "--micro-batch", "16"]}
+# name on the command line: (name in the table, train options)
+METHODS = {"static": ("static", ["--batching", "static"]),
+           "p": ("dynamic p", ["--batching", "dynamic", "--controller", "p"]),
+           "pid": ("dynamic pid", ["--batching", "dynamic", "--controller", "pid"]),
+           "abs": ("ABS-SGD", ["--batching", "abs", "--micro-batch", "16"])}
 
 
 def main():
@@ -45,6 +46,7 @@ def main():
     parser.add_argument("--global-batch", type=int, default=256)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--target", type=float, default=0.9)
+    parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
     parser.add_argument("--plots", help="Directory for PNG plots of the runs.")
     parser.add_argument("--plot-levels", nargs="+", default=["HL8", "cores:6/6/4/32"],
                         help="Levels to plot, with --plots.")
@@ -68,7 +70,7 @@ def main():
             standalone[batch] = standalone_rates(["1"], batch, base)["1"]
         limit = sum(standalone[batch] / f for f in emulated)
         runs = {}
-        for method, options in METHODS.items():
+        for method, options in (METHODS[name] for name in args.methods):
             print(f"{level}: {method} ...", file=sys.stderr)
             runs[method] = run_training_job(n, [
                 *base, *options, "--slowdown", ",".join(f"{f:g}" for f in emulated)])
@@ -96,13 +98,15 @@ def main():
 
 
 def _plot(directory: Path, level: str, runs: dict) -> None:
-    """Loss and accuracy against time for every method; the pid run's split and timings."""
+    """Loss and accuracy against time for every method; the pid run's split and timings, if
+    it ran."""
     directory.mkdir(parents=True, exist_ok=True)
     name = level.replace(":", "-").replace("/", "-")
     plot_comparison(runs, str(directory / f"matrix-{name}.png"),
                     f"{level}: loss and test accuracy against training time")
-    plot_run(runs["dynamic pid"], str(directory / f"matrix-{name}-pid.png"),
-             f"{level}, dynamic pid: per-rank batch size and compute time")
+    if "dynamic pid" in runs:
+        plot_run(runs["dynamic pid"], str(directory / f"matrix-{name}-pid.png"),
+                 f"{level}, dynamic pid: per-rank batch size and compute time")
 
 
 if __name__ == "__main__":

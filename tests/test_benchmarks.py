@@ -205,10 +205,12 @@ def test_replay_tells_the_changes_of_speed_the_controller_took(rule):
 
 
 # Smoke runs of the benchmark scripts at their smallest sizes: a refactor that breaks one
-# fails here. abs_compare, elastic_lr, emulator_fidelity, imagenet_subset, matrix, overhead,
-# settling and speedup take half a minute or more each even at their smallest, and are not
-# run (throughput and plain_horovod are, above).
-def script(name: str, *args, timeout: float = 120) -> str:
+# fails here. Where a script loops over methods, cases or launchers, the smallest run takes
+# the ones whose code differs (a reference and a method compared with it, a plot's source;
+# mpirun, the launcher that starts fastest); every training job costs 6-10 s of start here
+# whatever its size (the imports of torch and torch._dynamo, horovodrun's own start), so
+# these take 20-60 s each.
+def script(name: str, *args, timeout: float = 240) -> str:
     """`python benchmarks/NAME ARGS` as a user runs it; its standard output."""
     done = subprocess.run([PYTHON, str(BENCHMARKS / name), *args], cwd=BENCHMARKS,
                           env=local_env(), capture_output=True, text=True, timeout=timeout)
@@ -262,3 +264,92 @@ def test_settling_script_refuses_a_schedule_without_a_change():
                           env=local_env(), capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "must change the factors at least once" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.processes
+def test_abs_compare_script_puts_abs_sgd_beside_static_batching():
+    out = script("abs_compare.py", "--scenarios", "static", "--methods", "static", "abs",
+                 "--repeats", "1", "--epochs", "1", "--global-batch", "128")
+    rows = table_rows(out, "static 1,4")
+    assert [row[1] for row in rows] == ["static", "ABS-SGD (staleness: predict)"], out
+    # One epoch of the 1,437 training digits: ceil(1437 / 128) = 12 steps, or windows of the
+    # target batch; only ABS-SGD's windows have a share settled near it.
+    assert [row[7] for row in rows] == ["12", "12"], out
+    assert rows[0][-1] == "-" and rows[1][-1].endswith("%"), out
+
+
+@pytest.mark.processes
+def test_emulator_fidelity_script_measures_each_factor_alone_and_in_a_job():
+    out = script("emulator_fidelity.py", "--models", "cnn", "--batches", "16", "--factors", "2",
+                 "--repeats", "1")
+    rows = table_rows(out, "cnn synthetic")
+    assert [(row[1], row[2], row[3]) for row in rows] == [
+        ("16", "1", "alone"), ("16", "2", "alone"), ("16", "1", "in a job"),
+        ("16", "2", "in a job")], out
+    # In a job the factor expected is the one asked for; alone, f (1 - u) + u, below it.
+    assert [row[7] for row in rows[2:]] == ["1.00", "2.00"], out
+    assert 1 < float(rows[1][7]) <= 2 and all(float(row[4]) > 0 for row in rows), out
+
+
+@pytest.mark.processes
+def test_settling_script_reports_real_ranks_the_cluster_model_and_its_drift():
+    schedule = "0:1,4;10:4,1"
+    out = script("settling.py", "--models", "linear", "--steps", "20", "--adjust-every", "5",
+                 "--schedules", schedule, "--rules", "p", "--seeds", "2", "--global-batch",
+                 "64")
+    rows = table_rows(out, schedule)
+    assert [row[1:3] for row in rows if len(row) == 12] == [
+        ["linear (real ranks)", "p"], ["cluster model, 5% noise", "p"]], out
+    assert [row[1] for row in rows if len(row) == 6] == ["p"], out
+
+
+@pytest.mark.processes
+def test_speedup_script_compares_static_and_dynamic_with_the_ideal():
+    out = script("speedup.py", "--slowdowns", "1,4", "--steps", "8", "--model", "linear",
+                 "--global-batch", "64")
+    (row,) = table_rows(out, "1,4")
+    assert row[4].endswith("x") and float(row[5].rstrip("x")) > 1, out
+    assert sum(map(int, row[7].split(","))) == 64, out   # the final split holds the batch
+
+
+@pytest.mark.processes
+def test_matrix_script_runs_each_method_at_a_level_and_plots_it(tmp_path):
+    out = script("matrix.py", "--levels", "HL2", "--methods", "static", "pid", "--epochs", "1",
+                 "--plots", str(tmp_path), "--plot-levels", "HL2")
+    rows = table_rows(out, "HL2")
+    assert [(row[1], row[2]) for row in rows] == [("1,2", "static"), ("1,2", "dynamic pid")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["matrix-HL2-pid.png",
+                                                          "matrix-HL2.png"]
+
+
+@pytest.mark.processes
+def test_overhead_script_compares_each_loop_with_plain_horovod():
+    out = script("overhead.py", "--repeats", "1", "--steps", "6", "--launches", "mpirun",
+                 "--model", "linear", "--global-batch", "64")
+    rows = table_rows(out, "mpirun")
+    assert [row[1] for row in rows] == ["plain Horovod", "static", "dynamic"], out
+    assert rows[0][4] == "+0.0%" and all(row[4].endswith("%") for row in rows[1:]), out
+    assert all(int(row[6]) >= 1 for row in rows[1:]), out   # exchanges in the one job
+
+
+@pytest.mark.processes
+def test_imagenet_subset_script_trains_on_generated_folders_and_times_loading():
+    out = script("imagenet_subset.py", "--model", "cnn", "--epochs", "1", "--loader-workers",
+                 "1", "--loading-models", "cnn", "--loading-ranks", "1", "--loading-steps",
+                 "4", "--photo-size", "64x48")
+    assert [row[0] for row in table_rows(out, "static") + table_rows(out, "dynamic")] == \
+        ["static", "dynamic"], out
+    loading = table_rows(out, "cnn")
+    assert [row[2] for row in loading] == ["decoded in the step", "decoded ahead by 1 workers",
+                                           "synthetic (no loading)"], out
+    assert loading[-1][5] == "0", out   # synthetic data is the no-loading reference
+
+
+@pytest.mark.processes
+def test_elastic_lr_script_runs_the_twin_and_a_job_that_grows():
+    out = script("elastic_lr.py", "--rules", "smooth", "--seeds", "1", "--steps", "120",
+                 "--change-at", "12", "--window", "5", timeout=300)
+    rows = table_rows(out, "smooth")
+    assert len(rows) == 2 and rows[0][1] == "0", out
+    # The real job grew once it passed step 12, so its change comes later.
+    assert int(rows[1][1]) > 12, out
