@@ -13,6 +13,12 @@
 # one assembled from NVIDIA's PyPI packages; its check must then list NCCL too.
 # With --test (as `make test` runs it) it also installs Slurm and munge from Debian, for the
 # suite's one-node Slurm cluster.
+# With --offline (a node without network, as scripts/gpu_check.sh runs it) nothing is
+# downloaded: the virtual environment sees the Python packages of the python3 it is made
+# from (its torch, CUDA build or not, and Horovod's own dependencies), Horovod is built from
+# the sdist that `--fetch` put in .offline/ beforehand, with MPI only where an MPI compiler is
+# there (Gloo alone otherwise), and this package is installed without its dependencies.
+# --fetch, on a machine with network, downloads that sdist and returns.
 # A second run on a ready machine only verifies and returns within seconds.
 set -euo pipefail
 
@@ -22,15 +28,30 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${HVD_DYNBATCH_VENV:-$ROOT/.venv}
 CACHE=${HVD_DYNBATCH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd-dynbatch}
 PY=$VENV/bin/python
+# The Python the environment is made from (offline: whose packages it uses).
+BASE_PYTHON=${HVD_DYNBATCH_PYTHON:-python3}
 
 # pip, without the warnings some machines' pip configuration prints for every package.
 run_pip() { "$PY" -m pip "$@" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2); }
 say() { printf '[setup] %s\n' "$*" >&2; }
 die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 
-# --test: also what the test suite needs from Debian (Slurm and munge).
-FOR_TESTS=0
-[ "${1:-}" = --test ] && FOR_TESTS=1
+# The Horovod sdist for an offline set-up: `--fetch` puts it here, `--offline` builds it.
+OFFLINE_DIR=${HVD_DYNBATCH_OFFLINE_DIR:-$ROOT/.offline}
+
+FOR_TESTS=0 OFFLINE=0
+case "${1:-}" in
+    --test) FOR_TESTS=1 ;;       # also what the test suite needs from Debian
+    --offline) OFFLINE=1 ;;
+    --fetch)
+        mkdir -p "$OFFLINE_DIR"
+        "$BASE_PYTHON" -m pip download -q --no-deps --no-binary :all: -d "$OFFLINE_DIR" \
+            "horovod==$HOROVOD_VERSION" || die "could not download the Horovod $HOROVOD_VERSION sdist"
+        say "the Horovod sdist is in $OFFLINE_DIR: bring that folder with the repository"
+        exit 0 ;;
+    "") ;;
+    *) die "unknown option $1: use --test, --offline or --fetch" ;;
+esac
 
 # 1 where this machine trains on NVIDIA GPUs.
 GPU=${HVD_DYNBATCH_GPU:-$( (nvidia-smi -L 2>/dev/null || true) | grep -q '^GPU ' && echo 1 || echo 0)}
@@ -43,6 +64,12 @@ as_root() {
 }
 
 system_packages() {
+    if [ "$OFFLINE" = 1 ]; then
+        command -v cmake >/dev/null || die "cmake is not here (needed to build Horovod), and offline nothing can be installed"
+        command -v c++ >/dev/null || die "no C++ compiler (c++) here (needed to build Horovod), and offline nothing can be installed"
+        have_mpi || say "Horovod is built without MPI, with Gloo alone (no mpicc here, or HVD_DYNBATCH_MPI=0)"
+        return
+    fi
     local missing=()
     command -v mpirun >/dev/null || missing+=(openmpi-bin)
     command -v mpicc >/dev/null || missing+=(libopenmpi-dev)
@@ -62,12 +89,27 @@ system_packages() {
         "${missing[@]}" >/dev/null || die "apt-get install ${missing[*]} failed"
 }
 
+# Whether Horovod is built with MPI: where an MPI compiler is here (the set-up installs Open
+# MPI's where it may); HVD_DYNBATCH_MPI=0 or 1 overrides.
+have_mpi() {
+    case "${HVD_DYNBATCH_MPI:-}" in
+        0) return 1 ;;
+        1) return 0 ;;
+        *) command -v mpicc >/dev/null ;;
+    esac
+}
+
 python_packages() {
     # The stamp records what the last successful install was made from, so a ready
     # environment skips pip entirely.
     local want stamp=$VENV/.hvd-dynbatch-deps
-    want=$( (cat "$ROOT/setup.cfg" "$ROOT/scripts/setup.sh"; echo "gpu=$GPU") | sha256sum | cut -d' ' -f1)
+    want=$( (cat "$ROOT/setup.cfg" "$ROOT/scripts/setup.sh"; echo "gpu=$GPU offline=$OFFLINE") | sha256sum | cut -d' ' -f1)
     if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return; fi
+    if [ "$OFFLINE" = 1 ]; then
+        offline_packages
+        echo "$want" >"$stamp"
+        return
+    fi
     say "installing Python packages into $VENV"
     run_pip install -q --upgrade pip setuptools wheel
     run_pip install -q "torch==$TORCH_VERSION" \
@@ -82,6 +124,37 @@ python_packages() {
     echo "$want" >"$stamp"
 }
 
+# Offline: what the environment already has (torch, Horovod's dependencies, the tests'),
+# Horovod from the sdist in $OFFLINE_DIR, and this package without its dependencies.
+offline_packages() {
+    say "offline: using the packages of $BASE_PYTHON ($("$PY" -c 'import torch; print("torch", torch.__version__)' 2>/dev/null || echo "no torch"))"
+    local missing
+    missing=$("$PY" -c '
+import importlib.util
+need = ["torch", "numpy", "mpi4py", "click", "tqdm", "psutil", "PIL", "matplotlib",
+        "cloudpickle", "yaml", "packaging", "setuptools", "pytest", "pytest_timeout"]
+print(" ".join(n for n in need if importlib.util.find_spec(n) is None))')
+    [ -z "$missing" ] || die "offline, and these Python packages are not here: $missing (carry them as wheels and pip install --no-index them first)"
+    if [ "$GPU" = 1 ] && [ -z "$(torch_cuda)" ]; then
+        die "this machine has a GPU but its torch has no CUDA"
+    fi
+    horovod_wheel
+    run_pip install -q --no-index --no-deps --no-build-isolation -e "$ROOT" \
+        || die "pip install -e . failed"
+}
+
+# A virtual environment that sees python3's packages, also where python3 is itself a
+# virtual environment's (--system-site-packages sees only the base installation's): that
+# one's site-packages go in through a .pth file.
+offline_venv() {
+    "$BASE_PYTHON" -m venv --system-site-packages "$VENV" || die "$BASE_PYTHON -m venv failed"
+    local parent
+    parent=$("$BASE_PYTHON" -c 'import sys, sysconfig
+if sys.prefix != sys.base_prefix:
+    print("\n".join(dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))))')
+    [ -z "$parent" ] || echo "$parent" >"$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/hvd-dynbatch-parent.pth"
+}
+
 # The CUDA version torch was built with ("12.8"), empty for a CPU build.
 torch_cuda() { "$PY" -c 'import torch; print(torch.version.cuda or "")'; }
 
@@ -93,8 +166,9 @@ horovod_wheel() {
     fi
     local pyver key dir
     pyver=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-    key="horovod-$HOROVOD_VERSION-torch-$TORCH_VERSION-$pyver"
+    key="horovod-$HOROVOD_VERSION-torch-$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')-$pyver"
     [ "$GPU" = 1 ] && key="$key-cu$(torch_cuda | tr -d .)-nccl"
+    have_mpi || key="$key-gloo"
     dir=$CACHE/wheels/$key
     if ! ls "$dir"/horovod-*.whl >/dev/null 2>&1; then
         build_horovod "$dir"
@@ -108,9 +182,15 @@ build_horovod() {
     local out=$1 work
     work=$(mktemp -d)
     say "building Horovod $HOROVOD_VERSION (about 5 minutes on 2 cores; log: $work/build.log)"
-    run_pip download -q --no-deps --no-binary :all: -d "$work" "horovod==$HOROVOD_VERSION" \
-        || die "could not download the Horovod $HOROVOD_VERSION sdist"
-    tar -xzf "$work"/horovod-*.tar.gz -C "$work"
+    if [ "$OFFLINE" = 1 ]; then
+        local sdist=$OFFLINE_DIR/horovod-$HOROVOD_VERSION.tar.gz
+        [ -f "$sdist" ] || die "offline, and $sdist is not here: run 'bash scripts/setup.sh --fetch' on a machine with network and bring $OFFLINE_DIR along"
+        tar -xzf "$sdist" -C "$work"
+    else
+        run_pip download -q --no-deps --no-binary :all: -d "$work" "horovod==$HOROVOD_VERSION" \
+            || die "could not download the Horovod $HOROVOD_VERSION sdist"
+        tar -xzf "$work"/horovod-*.tar.gz -C "$work"
+    fi
     local src=$work/horovod-$HOROVOD_VERSION
     sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' \
         "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
@@ -124,8 +204,10 @@ build_horovod() {
         operations=(HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_LINK=SHARED
                     "HOROVOD_CUDA_HOME=$cuda" "HOROVOD_NCCL_HOME=$nccl")
     fi
+    local mpi=HOROVOD_WITH_MPI=1
+    have_mpi || mpi=HOROVOD_WITHOUT_MPI=1
     if ! env HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
-        HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 "${operations[@]}" MAKEFLAGS=-j2 \
+        "$mpi" HOROVOD_WITH_GLOO=1 "${operations[@]}" MAKEFLAGS="-j$(nproc)" \
         "$PY" -m pip wheel --no-build-isolation --no-deps -w "$work/dist" "$src" >"$work/build.log" 2>&1; then
         tail -30 "$work/build.log" >&2
         die "the Horovod build failed; full log: $work/build.log"
@@ -147,11 +229,14 @@ cuda_packages() {
     fi
 }
 
-# The first file named $1 below NVIDIA's packages in the environment.
+# The first file named $1 below NVIDIA's packages on the environment's path (an offline
+# environment's are its parent's).
 nvidia_file() {
-    local site
-    site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-    find "$site/nvidia" -name "$1" -print -quit 2>/dev/null
+    local dirs
+    dirs=$("$PY" -c 'import os, sys; print("\n".join(p + "/nvidia" for p in sys.path if os.path.isdir(p + "/nvidia")))')
+    [ -n "$dirs" ] || return 0
+    # shellcheck disable=SC2086
+    find $dirs -name "$1" -print -quit 2>/dev/null
 }
 
 # A CUDA toolkit for the build: CUDA_HOME, the one nvcc on PATH belongs to, or one put
@@ -161,7 +246,9 @@ cuda_home() {
     if [ -n "${CUDA_HOME:-}" ] && [ -x "$CUDA_HOME/bin/nvcc" ]; then echo "$CUDA_HOME"; return; fi
     if command -v nvcc >/dev/null; then dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")"; return; fi
     local home=$CACHE/cuda-$(torch_cuda)
-    if [ ! -x "$home/bin/nvcc" ]; then
+    if [ ! -x "$home/bin/nvcc" ] && [ "$OFFLINE" = 1 ]; then
+        die "offline, and no CUDA toolkit here (no nvcc on PATH): set CUDA_HOME to one"
+    elif [ ! -x "$home/bin/nvcc" ]; then
         say "no CUDA toolkit here: assembling one in $home from PyPI ($(cuda_packages))"
         # shellcheck disable=SC2046
         run_pip install -q $(cuda_packages) >&2 || die "pip could not install $(cuda_packages)"
@@ -186,7 +273,7 @@ cuda_home() {
 nccl_home() {
     local header home=$CACHE/nccl-$(torch_cuda)
     header=$(nvidia_file nccl.h)
-    if [ -z "$header" ]; then
+    if [ -z "$header" ] && [ "$OFFLINE" = 0 ]; then
         # shellcheck disable=SC2046
         run_pip install -q $(cuda_packages | tr ' ' '\n' | grep nccl) >&2
         header=$(nvidia_file nccl.h)
@@ -204,7 +291,8 @@ check_build() {
     local report
     report=$("$VENV/bin/horovodrun" --check-build 2>&1) || die "horovodrun --check-build failed: $report"
     local need
-    local needs=(PyTorch MPI Gloo)
+    local needs=(PyTorch Gloo)
+    have_mpi && needs+=(MPI)
     [ "$GPU" = 1 ] && needs+=(NCCL)
     for need in "${needs[@]}"; do
         grep -Eq "\[X\] $need\b" <<<"$report" \
@@ -217,12 +305,15 @@ Remove $CACHE/wheels and .venv, then run the set-up again."
 system_packages
 if [ ! -x "$PY" ]; then
     say "creating the virtual environment $VENV"
-    python3 -m venv "$VENV" || die "python3 -m venv failed (on Debian: apt-get install python3-venv)"
+    if [ "$OFFLINE" = 1 ]; then
+        offline_venv
+    else
+        "$BASE_PYTHON" -m venv "$VENV" || die "$BASE_PYTHON -m venv failed (on Debian: apt-get install python3-venv)"
+    fi
 fi
 python_packages
 check_build
-if [ "$GPU" = 1 ]; then
-    say "ready: $VENV (Horovod $HOROVOD_VERSION with PyTorch, MPI, Gloo and NCCL; CUDA $(torch_cuda))"
-else
-    say "ready: $VENV (Horovod $HOROVOD_VERSION with PyTorch, MPI and Gloo)"
-fi
+built="PyTorch, Gloo"
+have_mpi && built="$built, MPI"
+[ "$GPU" = 1 ] && built="$built and NCCL; CUDA $(torch_cuda)"
+say "ready: $VENV (Horovod $HOROVOD_VERSION with $built)"
