@@ -13,9 +13,9 @@ ranks (`--loading-ranks`; dynamic batching, no emulated slowdown, so nothing but
 and loading sets the pace) three times: on photo-sized JPEGs (`--photo-size`, ImageNet's
 typical 500x375 by default) decoded in the training process (0 workers); the same decoded
 ahead by `--loader-workers` worker processes per rank; and on in-memory `synthetic` data of
-the same image size, whose loading costs nothing. With t the steady seconds per sample of each,
-loading costs t(0) - t(synthetic) and the workers hide 1 - (t(workers) - t(synthetic)) /
-(t(0) - t(synthetic)) of it, when loading costs at least 10% of t(synthetic) (less is
+the same image size, whose loading costs nothing. With t the steady seconds per sample of
+each, loading costs t(0) - t(synthetic) and the workers hide 1 - (t(workers) - t(synthetic))
+/ (t(0) - t(synthetic)) of it, when loading costs at least 10% of t(synthetic) (less is
 within this shared machine's run-to-run noise). Workers hide loading only on cores the
 training does not use: on this 2-core machine one rank leaves a core to its workers, two
 ranks leave none. The small `cnn` stands for a fast accelerator, whose compute per image is

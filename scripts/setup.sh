@@ -182,15 +182,15 @@ build_horovod() {
     local out=$1 work
     work=$(mktemp -d)
     say "building Horovod $HOROVOD_VERSION (about 5 minutes on 2 cores; log: $work/build.log)"
+    local sdist=$OFFLINE_DIR/horovod-$HOROVOD_VERSION.tar.gz
     if [ "$OFFLINE" = 1 ]; then
-        local sdist=$OFFLINE_DIR/horovod-$HOROVOD_VERSION.tar.gz
         [ -f "$sdist" ] || die "offline, and $sdist is not here: run 'bash scripts/setup.sh --fetch' on a machine with network and bring $OFFLINE_DIR along"
-        tar -xzf "$sdist" -C "$work"
     else
         run_pip download -q --no-deps --no-binary :all: -d "$work" "horovod==$HOROVOD_VERSION" \
             || die "could not download the Horovod $HOROVOD_VERSION sdist"
-        tar -xzf "$work"/horovod-*.tar.gz -C "$work"
+        sdist=$work/horovod-$HOROVOD_VERSION.tar.gz
     fi
+    tar -xzf "$sdist" -C "$work"
     local src=$work/horovod-$HOROVOD_VERSION
     sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' \
         "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
@@ -246,9 +246,9 @@ cuda_home() {
     if [ -n "${CUDA_HOME:-}" ] && [ -x "$CUDA_HOME/bin/nvcc" ]; then echo "$CUDA_HOME"; return; fi
     if command -v nvcc >/dev/null; then dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")"; return; fi
     local home=$CACHE/cuda-$(torch_cuda)
-    if [ ! -x "$home/bin/nvcc" ] && [ "$OFFLINE" = 1 ]; then
-        die "offline, and no CUDA toolkit here (no nvcc on PATH): set CUDA_HOME to one"
-    elif [ ! -x "$home/bin/nvcc" ]; then
+    [ -x "$home/bin/nvcc" ] || [ "$OFFLINE" = 0 ] \
+        || die "offline, and no CUDA toolkit here (no nvcc on PATH): set CUDA_HOME to one"
+    if [ ! -x "$home/bin/nvcc" ]; then
         say "no CUDA toolkit here: assembling one in $home from PyPI ($(cuda_packages))"
         # shellcheck disable=SC2046
         run_pip install -q $(cuda_packages) >&2 || die "pip could not install $(cuda_packages)"
