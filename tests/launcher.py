@@ -5,6 +5,7 @@ Ranks report by printing JSON objects, one per line (see `hvd_dynbatch.tools.lau
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -42,17 +43,24 @@ class Ranks:
                 f"--- stdout\n{self.job.stdout[-4000:]}\n--- stderr\n{self.job.stderr[-4000:]}")
 
 
-def run_cli(args, timeout: float = 120) -> subprocess.CompletedProcess:
-    """`hvd-dynbatch ARGS` in one process (Horovod's world of one), its output captured."""
-    return subprocess.run([*CLI, *args], env=local_env(), capture_output=True, text=True,
-                          timeout=timeout)
+def gpu_env() -> dict:
+    """The environment entries that give a started process the GPUs this one sees, for a
+    test marked `gpu` (the suite's processes see none: see conftest)."""
+    return {"CUDA_VISIBLE_DEVICES": os.environ["HVD_DYNBATCH_TEST_GPUS"]}
 
 
-def train_one_process(args, tmp_path, name: str = "run"):
+def run_cli(args, timeout: float = 120, env=None) -> subprocess.CompletedProcess:
+    """`hvd-dynbatch ARGS` in one process (Horovod's world of one), its output captured;
+    `env` adds to its environment."""
+    return subprocess.run([*CLI, *args], env=local_env(extra=env), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def train_one_process(args, tmp_path, name: str = "run", env=None):
     """`hvd-dynbatch train ARGS` in one process; its saved weights and its metrics records."""
     model, metrics = tmp_path / f"{name}.pt", tmp_path / f"{name}.jsonl"
     out = run_cli(["train", *args, "--no-progress", "--save-model", str(model), "--metrics",
-                   str(metrics)], timeout=300)
+                   str(metrics)], timeout=300, env=env)
     assert out.returncode == 0, out.stderr
     return torch.load(model), read_metrics(str(metrics))
 

@@ -150,7 +150,7 @@ def test_fp16_with_fp16_allreduce_on_two_ranks_reaches_90_percent(tmp_path):
     assert summary["weights_identical"], summary["weights_checksums"]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
 def test_an_fp16_run_on_a_gpu_with_channels_last_and_cudnn_benchmark_learns():
     summary = train(TrainConfig(model="cnn", amp="fp16", device="cuda", max_steps=60,
                                 global_batch=64, lr=0.1, eval_every=60, channels_last=True,

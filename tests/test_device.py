@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hvd_dynbatch.backend.backends import LocalBackend
+from hvd_dynbatch.backend.backends import LocalBackend, _ThroughHost, reduce_through_host
 from hvd_dynbatch.backend.device import (autocast, check_device_spec, parameters_device,
                                          resolve_device, to_device, wait_for_compute)
 from hvd_dynbatch.errors import DynBatchError
@@ -16,8 +16,6 @@ from hvd_dynbatch.training.config import TrainConfig
 from hvd_dynbatch.training.metrics import read_metrics, step_records
 from hvd_dynbatch.training.trainer import train
 from launcher import expect_user_error, run_cli
-
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 @pytest.mark.parametrize("spec", ["auto", "cpu", "cuda", "cuda:0", "cuda:12"])
@@ -59,10 +57,50 @@ def test_each_rank_of_a_node_takes_the_gpu_of_its_local_rank(two_gpus):
 
 
 def test_more_ranks_than_gpus_on_a_node_is_an_error_that_says_so(two_gpus):
-    with pytest.raises(DynBatchError, match="needs GPU 2 but the node has 2; start at most 2"):
+    with pytest.raises(DynBatchError, match="needs GPU 2 but the node has 2; start at most 2 "
+                                            r".*\(--device cuda:0\) for the ranks to share"):
         resolve_device("auto", 2)
     with pytest.raises(DynBatchError, match="needs GPU 5 but the node has 2"):
         resolve_device("cuda:5", 0)
+
+
+@pytest.mark.parametrize("gpus, through_host", [
+    ([7.0, 9.0], False),             # a GPU each: NCCL
+    ([-1.0, -1.0], False),           # all on the CPU
+    ([7.0, 7.0], True),              # two ranks on one GPU: NCCL would refuse
+    ([7.0, 9.0, 7.0], True),
+    ([7.0, -1.0], True),             # GPU and CPU ranks: Horovod refuses mixed devices
+    ([3.0], False),
+])
+def test_reductions_go_through_host_memory_where_ranks_share_a_gpu_or_mix_devices(
+        gpus, through_host):
+    assert reduce_through_host(gpus) is through_host
+
+
+def test_the_host_compressor_wraps_another_and_leaves_cpu_tensors_where_they_are():
+    import horovod.torch as hvd
+
+    staged = _ThroughHost(hvd.Compression.fp16)
+    staged.on = True
+    grad = torch.tensor([1.5, -2.25])
+    sent, ctx = staged.compress(grad)
+    assert sent.dtype == torch.float16 and sent.device.type == "cpu"
+    back = staged.decompress(sent, ctx)
+    assert back.dtype == torch.float32 and torch.equal(back, grad)
+
+
+@pytest.mark.gpu
+def test_the_host_compressor_sends_a_host_copy_of_a_gpu_tensor_and_returns_the_sum_there():
+    import horovod.torch as hvd
+
+    staged = _ThroughHost(hvd.Compression.none)
+    grad = torch.arange(4.0, device="cuda")
+    assert staged.compress(grad)[0] is grad           # off: the tensor itself, to NCCL
+    staged.on = True
+    sent, ctx = staged.compress(grad)
+    assert sent.device.type == "cpu" and torch.equal(sent, grad.cpu())
+    back = staged.decompress(sent * 2, ctx)
+    assert back.device == grad.device and torch.equal(back, grad * 2)
 
 
 class _Batch:
@@ -119,7 +157,7 @@ def test_on_a_gpu_the_wait_records_an_event_on_the_current_stream_and_waits_for_
     assert calls == []
 
 
-@needs_gpu
+@pytest.mark.gpu
 def test_the_wait_lasts_until_the_gpu_has_finished_its_kernels():
     gpu = torch.device("cuda", 0)
     a = torch.randn(4096, 4096, device=gpu)
@@ -133,7 +171,7 @@ def test_the_wait_lasts_until_the_gpu_has_finished_its_kernels():
     assert finished > 2 * queued
 
 
-@needs_gpu
+@pytest.mark.gpu
 def test_the_wait_leaves_other_streams_running():
     gpu = torch.device("cuda", 0)
     side = torch.cuda.Stream(gpu)
@@ -151,8 +189,8 @@ def test_the_wait_leaves_other_streams_running():
 
 
 @pytest.mark.processes
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_asking_for_a_gpu_where_there_is_none_is_a_user_error():
+    # Also on a GPU machine: the processes the suite starts see no GPU (see conftest).
     expect_user_error(run_cli(["train", "--device", "cuda", "--max-steps", "1"]),
                       "--device cuda: this machine has no GPU that torch can use")
 

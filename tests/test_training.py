@@ -12,8 +12,8 @@ from hvd_dynbatch.tools.launch import Launcher
 from hvd_dynbatch.training.metrics import read_metrics, step_records
 from hvd_dynbatch.training.trainer import weights_checksum
 from evaluation import top1_top5
-from launcher import (CLI, assert_same_weights, expect_user_error, run_cli, run_ranks,
-                      table_rows, train_one_process)
+from launcher import (CLI, assert_same_weights, expect_user_error, gpu_env, run_cli,
+                      run_ranks, table_rows, train_one_process)
 
 # No batch-norm, no dropout: the update of a split step equals the one-rank step exactly.
 COMMON = ["--model", "mlp", "--dataset", "digits", "--global-batch", "64",
@@ -89,6 +89,7 @@ def test_n_ranks_end_with_the_weights_of_one(reference, tmp_path, launcher, np, 
     # The timing exchange used mpi4py where Horovod runs on MPI, Horovod itself under Gloo.
     summary = records[-1]
     assert summary["exchange_backend"] == ("horovod" if launcher is Launcher.GLOO else "mpi4py")
+    assert summary["reduced_through_host"] is False     # CPU ranks: Horovod's CPU operations
     assert summary["final_split"] == steps[-1]["batch_sizes"]
     assert summary["samples"] == sum(r["global_batch"] for r in steps), "every rank's samples"
 
@@ -101,6 +102,26 @@ def test_n_ranks_end_with_the_weights_of_one(reference, tmp_path, launcher, np, 
     # The losses the ranks report, weighted by batch, are the one-rank losses too.
     ref_losses = [r["loss"] for r in step_records(ref_metrics)]
     assert [r["loss"] for r in steps] == pytest.approx(ref_losses, rel=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.processes
+def test_ranks_sharing_one_gpu_sum_through_host_memory_and_end_with_the_weights_of_one(
+        tmp_path):
+    # NCCL refuses two ranks on one GPU; the ranks see it, and the reductions go through
+    # host memory (Gloo), in float32 with the slower rank emulated.
+    args = [*COMMON, "--device", "cuda:0"]
+    ref_weights, _ = train_one_process(args, tmp_path, "one", env=gpu_env())
+    model, metrics = tmp_path / "n.pt", tmp_path / "n.jsonl"
+    job = run_ranks(Launcher.GLOO, 2, [*CLI, "train", *args, "--slowdown", "1,3",
+                                       "--save-model", str(model), "--metrics", str(metrics)],
+                    timeout=240, env=gpu_env())
+    assert job.returncode == 0, job.explain()
+    assert "summed through host memory" in job.stdout + job.stderr
+    summary = read_metrics(str(metrics))[-1]
+    assert summary["device"] == "cuda:0" and summary["reduced_through_host"] is True
+    assert summary["weights_identical"], summary["weights_checksums"]
+    assert_same_weights(torch.load(model), ref_weights, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.processes

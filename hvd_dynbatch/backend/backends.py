@@ -6,13 +6,23 @@ ABS-SGD overlaps with compute, and Horovod Elastic's state object and retry loop
 `LocalBackend` is a job of one process with the same interface and no Horovod at all, so the
 loop runs in a unit test. The exchange of the toolkit's own few numbers per rank is the
 `Communicator` (`comm`), which each backend hands out.
+
+Horovod reduces CUDA tensors with NCCL, which takes one rank per GPU: two ranks on one GPU
+fail at the first allreduce ("Duplicate GPU detected"), and Horovod refuses a reduction whose
+tensors are on the GPU on some ranks and on the CPU on others. Where ranks share a GPU (an
+emulated heterogeneous job on one GPU) or some train on the CPU and others on a GPU,
+`bind_device` says so and every reduction from then on goes through host memory, as Horovod's
+CPU operations (Gloo or MPI): gradients, the initial broadcast, ABS-SGD's window sums. Each
+GPU rank then copies its gradients to the host and the sums back, which costs what moving
+them costs; one rank per GPU keeps NCCL.
 """
 from __future__ import annotations
 
 import abc
+import hashlib
 import os
 import sys
-from typing import Optional
+from typing import Optional, Sequence
 
 from .comm import Communicator, LocalCommunicator
 
@@ -35,6 +45,11 @@ class Backend(abc.ABC):
         (as float16 with `fp16_allreduce`), telling `batching` where each step is, and with
         `scaler` the loss scaler's part done after the sum (see
         `weighting.DistributedOptimizer`)."""
+
+    @abc.abstractmethod
+    def bind_device(self, device) -> bool:
+        """Tell the backend the device this rank computes on; whether its reductions go
+        through host memory from now on (see the module docstring). Collective."""
 
     @abc.abstractmethod
     def broadcast_parameters(self, model) -> None:
@@ -72,6 +87,9 @@ class LocalBackend(Backend):
 
         return LocalOptimizer(optimizer, batching, scaler)
 
+    def bind_device(self, device) -> bool:
+        return False
+
     def broadcast_parameters(self, model) -> None:
         pass
 
@@ -97,6 +115,7 @@ class HorovodBackend(Backend):
 
         hvd.init()
         self._hvd, self._nap = hvd, nap
+        self._host = _ThroughHost(hvd.Compression.none)
 
     def communicator(self) -> Communicator:
         from .comm import for_horovod
@@ -110,26 +129,41 @@ class HorovodBackend(Backend):
                            fp16_allreduce: bool = False):
         from .weighting import DistributedOptimizer
 
-        compression = self._hvd.Compression.fp16 if fp16_allreduce else self._hvd.Compression.none
+        if fp16_allreduce:
+            self._host.inner = self._hvd.Compression.fp16
         return DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                     batching=batching, nap=self._nap, scaler=scaler,
-                                    compression=compression)
+                                    compression=self._host)
+
+    def bind_device(self, device) -> bool:
+        ids = self.communicator().allgather([gpu_id(device)])[:, 0]
+        self._host.on = reduce_through_host(ids)
+        return self._host.on
 
     def broadcast_parameters(self, model) -> None:
-        self._hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        state = model.state_dict()
+        if not self._host.on:
+            self._hvd.broadcast_parameters(state, root_rank=0)
+            return
+        host = {name: tensor.cpu() for name, tensor in state.items()}
+        self._hvd.broadcast_parameters(host, root_rank=0)
+        for name, tensor in state.items():
+            tensor.copy_(host[name])
 
     def allreduce_sum_async(self, tensor, name: str):
-        return self._hvd.allreduce_async(tensor, op=self._hvd.Sum, name=name)
+        sent, ctx = self._host.compress(tensor)
+        return self._hvd.allreduce_async(sent, op=self._hvd.Sum, name=name), ctx
 
     def done(self, handle) -> bool:
-        return bool(self._hvd.poll(handle))
+        return bool(self._hvd.poll(handle[0]))
 
     def wait(self, handle):
+        handle, ctx = handle
         if self._nap is not None:
             from .weighting import wait_napping
 
             wait_napping([handle], self._hvd.poll, self._nap)
-        return self._hvd.synchronize(handle)
+        return self._host.decompress(self._hvd.synchronize(handle), ctx)
 
     def barrier(self) -> None:
         self._hvd.barrier()
@@ -149,6 +183,43 @@ class HorovodBackend(Backend):
                                              progress=progress)
         state.register_reset_callbacks([on_reset])
         self._hvd.elastic.run(train)(state)
+
+
+class _ThroughHost:
+    """A Horovod compressor (`compression=`) that, while `on`, hands Horovod a host copy of
+    each CUDA tensor it reduces and puts the sum back on the tensor's device, around the
+    compressor `inner` (none, or fp16 for --fp16-allreduce)."""
+
+    def __init__(self, inner):
+        self.inner, self.on = inner, False
+
+    def compress(self, tensor):
+        tensor, ctx = self.inner.compress(tensor)
+        if not self.on or tensor.device.type == "cpu":
+            return tensor, (None, ctx)
+        return tensor.cpu(), (tensor.device, ctx)
+
+    def decompress(self, tensor, ctx):
+        device, inner = ctx
+        return self.inner.decompress(tensor if device is None else tensor.to(device), inner)
+
+
+def gpu_id(device) -> float:
+    """A number that names `device`'s physical GPU the same in every process (from its UUID,
+    whatever CUDA_VISIBLE_DEVICES numbers it), -1 for the CPU."""
+    if device.type != "cuda":
+        return -1.0
+    import torch
+
+    uuid = str(torch.cuda.get_device_properties(device).uuid)
+    return float(int(hashlib.sha256(uuid.encode()).hexdigest()[:12], 16))   # exact in float64
+
+
+def reduce_through_host(gpu_ids: Sequence[float]) -> bool:
+    """Whether a job whose ranks compute on `gpu_ids` (`gpu_id` of each) must reduce through
+    host memory: some GPU has two ranks, or some ranks are on GPUs and others on the CPU."""
+    gpus = [g for g in gpu_ids if g >= 0]
+    return bool(gpus) and (len(set(gpus)) < len(gpus) or len(gpus) < len(gpu_ids))
 
 
 def stopped_by_peer(exc: BaseException) -> bool:

@@ -3,7 +3,8 @@ compute has ended.
 
 `resolve_device("auto", local_rank)` gives each rank of a node its own GPU, `cuda:local_rank`,
 where CUDA is there, and the CPU elsewhere; "cpu", "cuda" (the same as auto, but an error
-without a GPU) and "cuda:N" are explicit. A batch goes to the device with `to_device`, without
+without a GPU) and "cuda:N" are explicit. Every rank given "cuda:N" shares that GPU; their
+reductions then go through host memory (see `backends`). A batch goes to the device with `to_device`, without
 blocking when it comes from pinned memory (a DataLoader with `pin_memory=True`), so the copy
 overlaps the work already queued.
 
@@ -69,7 +70,8 @@ def resolve_device(spec: str, local_rank: int) -> torch.device:
     if index >= count:
         raise DynBatchError(
             f"--device {spec}: this rank needs GPU {index} but the node has {count}; start "
-            f"at most {count} ranks per node, one per GPU")
+            f"at most {count} ranks per node, one per GPU, or name one GPU (--device cuda:0) "
+            f"for the ranks to share")
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
 

@@ -69,6 +69,7 @@ def train(config: TrainConfig, backend: Optional[Backend] = None) -> dict:
 
                 run_elastic(trainer, backend, committed)
             else:
+                trainer.bind_device()
                 backend.broadcast_parameters(trainer.model)
                 trainer.loop()
         if trainer.checkpoints is not None:
@@ -235,6 +236,16 @@ class Trainer:
         self.stop_signal = None       # the name of the signal that asked this rank to stop
         self._info = {}               # step -> this rank's facts for the step's metrics record
         self._last_sizes = []
+        self.through_host = False     # whether the reductions go through host memory
+
+    def bind_device(self) -> None:
+        """Tell the backend where this rank computes (collective): ranks that share a GPU,
+        or a job mixing CPU and GPU ranks, reduce through host memory (see `backends`)."""
+        self.through_host = self.backend.bind_device(self.device)
+        if self.through_host and self.comm.rank == 0:
+            print("hvd-dynbatch: some ranks share a GPU or train on the CPU beside GPU ranks, "
+                  "so the gradients are summed through host memory (NCCL takes one rank per "
+                  "GPU)", file=sys.stderr, flush=True)
 
     @property
     def optimizer(self):
@@ -494,6 +505,7 @@ class Trainer:
             "controller": cfg.controller.value if cfg.batching is Batching.DYNAMIC else None,
             "world_size": self.comm.size,
             "device": str(self.device),
+            "reduced_through_host": self.through_host,
             "elastic_generations": run.generation if cfg.elastic else None,
             "exchange_backend": self.comm.backend,
             "steps": steps.step,
