@@ -45,7 +45,8 @@ def rank_main(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         metrics = str(Path(tmp) / "metrics.jsonl")
         summary = train(TrainConfig(
-            model=args.model, dataset="synthetic", global_batch=args.global_batch,
+            model=args.model, dataset="synthetic", image_size=args.image_size,
+            global_batch=args.global_batch,
             epochs=1000, max_steps=args.steps, eval_every=100000, batching=args.batching[0],
             slowdown=slowdown, metrics=metrics, progress=False, threads=args.threads,
             device=args.device, amp=args.amp, fp16_allreduce=args.fp16_allreduce,
@@ -102,6 +103,8 @@ def main():
     parser.add_argument("--model", default="resnet18",
                         help="A model of the package: cnn, resnet18, resnet50, ...")
     parser.add_argument("--global-batch", type=int, default=64)
+    parser.add_argument("--image-size", type=int, default=32,
+                        help="Side of the synthetic images (224: ImageNet's).")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--batching", nargs="+", default=["dynamic"],
                         choices=["static", "dynamic", "abs"],

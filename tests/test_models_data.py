@@ -30,6 +30,15 @@ def test_digits_is_the_real_uci_set_split_for_testing():
     assert set(data.test.y.tolist()) == set(range(10))
 
 
+def test_synthetic_images_come_at_the_size_asked_for_and_fewer_when_large():
+    small, large = load_dataset("synthetic"), load_dataset("synthetic", image_size=224)
+    assert (small.input_shape, len(small.train), len(small.test)) == ((3, 32, 32), 4096, 1024)
+    # ResNet-50's ImageNet size: 256 training images, 154 MB, not 4,096 (2.5 GB).
+    assert (large.input_shape, len(large.train), len(large.test)) == ((3, 224, 224), 256, 64)
+    x, _ = large.train.fetch([0, 255])
+    assert x.shape == (2, 3, 224, 224)
+
+
 def test_synthetic_labels_are_learnable_and_seeded():
     a, b = load_dataset("synthetic", seed=1), load_dataset("synthetic", seed=1)
     assert torch.equal(a.train.y, b.train.y)

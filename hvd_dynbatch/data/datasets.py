@@ -5,8 +5,10 @@
   4.0; 1,797 8x8 grey images of pixel counts 0-16, 10 classes), as scikit-learn also ships
   it: real data, no download, read in milliseconds. A fixed seeded split keeps 360 images
   for testing.
-* `synthetic`: 3x32x32 noise images, each with a faint pattern of its class, so a CNN learns
-  them in a few epochs and accuracy is meaningful; for throughput and comparison runs.
+* `synthetic`: 3x32x32 noise images (3 x `image_size` squared), each with a faint pattern of
+  its class, so a CNN learns them in a few epochs and accuracy is meaningful; for throughput
+  and comparison runs. Larger images come fewer (at least 256 for training), so that the set
+  stays near 50 MB in memory: 256 at 224 px, ResNet-50's ImageNet size.
 * `imagefolder`: the ImageNet-subset layout (Imagenette and the like): `DATA_DIR/train/CLASS/*`
   and `DATA_DIR/val/CLASS/*`, with the usual ImageNet preprocessing scaled to `image_size`:
   the shorter side resized to 8/7 of it (256 for 224), then a random crop and horizontal flip
@@ -27,10 +29,12 @@ import torch.nn.functional as F
 from ..errors import DynBatchError
 
 DATASETS = ("digits", "synthetic", "imagefolder")
+SYNTHETIC_SHAPE = (3, 32, 32)      # at the default image size
+# The image side of each dataset with an `image_size` when none is given; the digits have none.
+IMAGE_SIZES = {"synthetic": 32, "imagefolder": 64}
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp")
 # The usual ImageNet channel statistics.
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-SYNTHETIC_SHAPE = (3, 32, 32)
 
 
 class TensorSplit:
@@ -177,15 +181,15 @@ class Dataset:
 
 
 def load_dataset(name: str, data_dir: Optional[str] = None, seed: int = 0,
-                 image_size: int = 64, skip_bad: bool = False) -> Dataset:
+                 image_size: Optional[int] = None, skip_bad: bool = False) -> Dataset:
     """Load dataset `name`; raise `DynBatchError` for an unknown name or a missing folder.
     `skip_bad`: replace training images that cannot be read (see `ImageFolderSplit`)."""
     if name == "digits":
         return _digits()
     if name == "synthetic":
-        return _synthetic(seed)
+        return _synthetic(seed, image_size or IMAGE_SIZES[name])
     if name == "imagefolder":
-        return _imagefolder(data_dir, image_size, skip_bad)
+        return _imagefolder(data_dir, image_size or IMAGE_SIZES[name], skip_bad)
     raise DynBatchError(f"unknown dataset '{name}'; choose one of {', '.join(DATASETS)}")
 
 
@@ -199,10 +203,11 @@ def _digits() -> Dataset:
     return Dataset(TensorSplit(x[train], y[train]), TensorSplit(x[test], y[test]), (1, 8, 8), 10)
 
 
-def _synthetic(seed: int, train_size: int = 4096, test_size: int = 1024,
-               signal: float = 0.25) -> Dataset:
+def _synthetic(seed: int, side: int, signal: float = 0.25) -> Dataset:
     gen = torch.Generator().manual_seed(seed)
-    shape, classes = SYNTHETIC_SHAPE, 10
+    shape, classes = (3, side, side), 10
+    train_size = max(256, 4096 * 32 * 32 // (side * side))
+    test_size = train_size // 4
     # Each class adds its own smooth pattern (4x4 noise upsampled) to white noise: a CNN
     # learns it in a few epochs, so accuracy means something.
     patterns = F.interpolate(torch.randn(classes, 3, 4, 4, generator=gen), size=shape[1:],

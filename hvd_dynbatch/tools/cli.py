@@ -83,7 +83,8 @@ def _configured(*decls, **kwargs):
 @_configured("--model", help="linear, mlp, cnn, resnet18, resnet50 or torchvision:NAME.")
 @_configured("--dataset", help="digits (embedded), synthetic or imagefolder.")
 @_configured("--data-dir", type=click.Path(), help="Root of an imagefolder dataset.")
-@_configured("--image-size", help="imagefolder image side.")
+@_configured("--image-size", type=int,
+             help="Image side of imagefolder [default: 64] and synthetic [default: 32] data.")
 @_configured("--global-batch", help="B, summed over ranks.")
 @_configured("--lr", help="Learning rate.")
 @_configured("--momentum")

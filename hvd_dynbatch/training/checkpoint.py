@@ -21,6 +21,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ..data.datasets import IMAGE_SIZES
 from ..errors import DynBatchError
 from .files import replaced_atomically
 
@@ -92,9 +93,13 @@ class CheckpointDir:
 
 
 def fingerprint(config) -> dict:
-    """The settings of `config` that a resumed run must share (see `FINGERPRINT`)."""
-    return {name: getattr(getattr(config, name), "value", getattr(config, name))
-            for name in FINGERPRINT}
+    """The settings of `config` that a resumed run must share (see `FINGERPRINT`); the image
+    size is the one the dataset uses (64 for the digits, which have none: the default that
+    checkpoints written before the size depended on the dataset carry)."""
+    found = {name: getattr(getattr(config, name), "value", getattr(config, name))
+             for name in FINGERPRINT}
+    found["image_size"] = found["image_size"] or IMAGE_SIZES.get(config.dataset, 64)
+    return found
 
 
 def check_fingerprint(saved: dict, config, path: Path) -> None:

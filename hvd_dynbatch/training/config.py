@@ -90,7 +90,7 @@ class TrainConfig:
     model: str = "mlp"
     dataset: str = "digits"
     data_dir: Optional[str] = None
-    image_size: int = 64
+    image_size: Optional[int] = None
     global_batch: int = 64
     lr: float = 0.05
     momentum: float = 0.9
@@ -173,11 +173,13 @@ class TrainConfig:
             raise DynBatchError(f"unknown --lr-rule '{self.lr_rule}'; choose one of "
                                 f"{', '.join(RULES)}")
         for name in ("global_batch", "adjust_every", "min_batch", "timing_window",
-                     "threads", "image_size", "smooth_steps", "commit_every", "micro_batch",
+                     "threads", "smooth_steps", "commit_every", "micro_batch",
                      "checkpoint_every", "checkpoint_keep"):
             if getattr(self, name) < 1:
                 raise DynBatchError(f"--{name.replace('_', '-')} must be positive, "
                                     f"got {getattr(self, name)}")
+        if self.image_size is not None and self.image_size < 1:
+            raise DynBatchError(f"--image-size must be positive, got {self.image_size}")
         if not 0 <= self.hold_seconds < math.inf:
             raise DynBatchError(f"--hold-seconds must be a number of seconds >= 0, got "
                                 f"{self.hold_seconds}")
