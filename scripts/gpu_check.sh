@@ -94,13 +94,6 @@ raise SystemExit(0 if torch.cuda.is_available() else "torch sees no GPU")
 EOF
 }
 
-check_build() {
-    local report
-    report=$(on_path horovodrun --check-build) || return 1
-    echo "$report"
-    [ "$REHEARSE" = 1 ] || grep -Eq '\[X\] NCCL' <<<"$report" || { echo "built without NCCL"; return 1; }
-}
-
 # A one-rank run of the CNN on the digits in precision $1, to 90% test accuracy.
 to_ninety() {
     on_path horovodrun -np 1 -H localhost:1 hvd-dynbatch train --model cnn --dataset digits \
@@ -142,7 +135,8 @@ suite() {
 step "download the Horovod sdist (once, with network)" 0 fetch
 step "set-up with no index reachable (Horovod build)" 0 offline_setup
 step "what torch sees" 1 what_torch_sees
-step "horovodrun --check-build" 0 check_build
+# (The set-up has refused a build without NCCL on a GPU node; this step puts the list in the log.)
+step "horovodrun --check-build" 0 on_path horovodrun --check-build
 step "hvd-dynbatch check, 2 ranks (Gloo)" 0 on_path horovodrun --gloo -np 2 -H localhost:2 hvd-dynbatch check
 step "step clock against torch.cuda.synchronize" 1 on_path python benchmarks/step_clock.py
 step "CNN on the digits to 90%, --amp bf16" 1 to_ninety bf16

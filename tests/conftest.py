@@ -16,10 +16,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 # it starts), so a `gpu` test still has them, and hands them to its processes
 # (launcher.gpu_env). In this process a test not marked `gpu` sees torch.cuda.is_available()
 # false (`_cpu_unless_marked_gpu`).
-os.environ["HVD_DYNBATCH_TEST_GPUS"] = os.environ.get(
-    "CUDA_VISIBLE_DEVICES", ",".join(map(str, range(torch.cuda.device_count()))))
+GPUS = torch.cuda.device_count()
+HAVE_GPU = GPUS > 0
+os.environ["HVD_DYNBATCH_TEST_GPUS"] = os.environ.get("CUDA_VISIBLE_DEVICES",
+                                                      ",".join(map(str, range(GPUS))))
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
-HAVE_GPU = torch.cuda.is_available()
 
 
 @pytest.fixture(autouse=True)

@@ -4,9 +4,9 @@ compute has ended.
 `resolve_device("auto", local_rank)` gives each rank of a node its own GPU, `cuda:local_rank`,
 where CUDA is there, and the CPU elsewhere; "cpu", "cuda" (the same as auto, but an error
 without a GPU) and "cuda:N" are explicit. Every rank given "cuda:N" shares that GPU; their
-reductions then go through host memory (see `backends`). A batch goes to the device with `to_device`, without
-blocking when it comes from pinned memory (a DataLoader with `pin_memory=True`), so the copy
-overlaps the work already queued.
+reductions then go through host memory (see `backends`). A batch goes to the device with
+`to_device`, without blocking when it comes from pinned memory (a DataLoader with
+`pin_memory=True`), so the copy overlaps the work already queued.
 
 `autocast(device, "bf16")` runs the forward pass in bfloat16 where torch's autocast deems it
 safe (matrix products and convolutions; losses and reductions stay in float32), on the GPU

@@ -5,10 +5,10 @@
   4.0; 1,797 8x8 grey images of pixel counts 0-16, 10 classes), as scikit-learn also ships
   it: real data, no download, read in milliseconds. A fixed seeded split keeps 360 images
   for testing.
-* `synthetic`: 3x32x32 noise images (3 x `image_size` squared), each with a faint pattern of
-  its class, so a CNN learns them in a few epochs and accuracy is meaningful; for throughput
-  and comparison runs. Larger images come fewer (at least 256 for training), so that the set
-  stays near 50 MB in memory: 256 at 224 px, ResNet-50's ImageNet size.
+* `synthetic`: noise images, 3x32x32 unless `image_size` sets another side, each with a faint
+  pattern of its class, so a CNN learns them in a few epochs and accuracy is meaningful; for
+  throughput and comparison runs. Larger images come fewer (at least 256 for training), so
+  that the set stays near 50 MB in memory: 256 at 224 px, ResNet-50's ImageNet size.
 * `imagefolder`: the ImageNet-subset layout (Imagenette and the like): `DATA_DIR/train/CLASS/*`
   and `DATA_DIR/val/CLASS/*`, with the usual ImageNet preprocessing scaled to `image_size`:
   the shorter side resized to 8/7 of it (256 for 224), then a random crop and horizontal flip
