@@ -6,7 +6,7 @@
 #                                          runs it), the others listed as skipped
 #
 # Before, on a machine with network (or let the check do it where the node has network):
-#   bash scripts/setup.sh --fetch          the Horovod sdist into .offline/ (about 1 MB)
+#   bash scripts/setup.sh --fetch          the Horovod sdist into .offline/ (3.5 MB)
 # and, for the plain-Horovod baseline, Horovod's own benchmark script beside it:
 #   .offline/pytorch_synthetic_benchmark.py   (examples/pytorch/ of horovod/horovod v0.28.1)
 # then bring the repository with .offline/ to the node.

@@ -161,7 +161,8 @@ torch_cuda() { "$PY" -c 'import torch; print(torch.version.cuda or "")'; }
 horovod_wheel() {
     local ready="assert horovod.__version__ == '$HOROVOD_VERSION'"
     [ "$GPU" = 1 ] && ready="$ready and horovod.torch.nccl_built()"
-    if "$PY" -c "import horovod, horovod.torch; $ready" 2>/dev/null; then
+    # Its own horovodrun too: an offline environment may see a Horovod of its parent's.
+    if [ -x "$VENV/bin/horovodrun" ] && "$PY" -c "import horovod, horovod.torch; $ready" 2>/dev/null; then
         return
     fi
     local pyver key dir
@@ -175,7 +176,7 @@ horovod_wheel() {
     else
         say "using cached Horovod wheel from $dir"
     fi
-    run_pip install -q --no-deps "$dir"/horovod-*.whl || die "installing the Horovod wheel failed"
+    run_pip install -q --no-deps --ignore-installed "$dir"/horovod-*.whl || die "installing the Horovod wheel failed"
 }
 
 build_horovod() {

@@ -47,6 +47,23 @@ def test_plain_horovod_runs_in_horovods_elastic_state_under_the_elastic_launcher
 
 
 @pytest.mark.processes
+def test_step_clock_runs_on_the_cpu_and_reports_the_three_clocks():
+    """The GPU check's step clock, dry-run on the CPU, so that it cannot first fail on a GPU.
+    Whether the clocks agree is its own verdict (exit 0 or 1); on 2 busy cores it varies."""
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "step_clock.py"), "--device", "cpu",
+                          "--model", "cnn", "--image-size", "32", "--steps", "8"],
+                         env=local_env(), capture_output=True, text=True, timeout=120)
+    assert out.returncode in (0, 1) and not out.stderr.count("Traceback"), out.stderr
+    [truth], [toolkit], [host] = (table_rows(out.stdout, name) for name in (
+        "torch.cuda.synchronize around the step (ground truth)", "hvd-dynbatch's compute time",
+        "host clock, no wait"))
+    assert truth[2] == "1.000", out.stdout
+    assert all(float(row[1]) > 0 for row in (truth, toolkit, host)), out.stdout
+    verdict = "agrees" if out.returncode == 0 else "DOES NOT agree"
+    assert f"hvd-dynbatch's clock {verdict} with the ground truth within 5%" in out.stdout
+
+
+@pytest.mark.processes
 def test_make_imagefolder_writes_a_trainable_folder(tmp_path):
     out = subprocess.run([sys.executable, str(BENCHMARKS / "make_imagefolder.py"), str(tmp_path),
                           "--classes", "3", "--train-per-class", "4", "--val-per-class", "2"],
