@@ -18,20 +18,32 @@ from hvd_dynbatch.training.batching import DynamicBatching
 DATA = TensorDataset(torch.arange(1000), torch.arange(1000))
 
 
-class SlowPeer(Communicator):
-    """Rank 0 of 2, whose peer reports the same facts with `factor` (4) times the compute
-    time."""
+class ScriptedPeer(Communicator):
+    """Rank 0 of 2, whose peer reports the same facts in an exchange (`peer_row` scripts a
+    change), and `peer_stops` in a step's stop poll (a gather of the stop flag alone)."""
 
     rank, size, backend = 0, 2, "scripted"
+    peer_stops = 0.0
+
+    def allgather(self, values):
+        mine = np.asarray(values, dtype=np.float64)
+        if len(mine) == 1:
+            return np.array([mine, [self.peer_stops]])
+        return np.vstack([mine, self.peer_row(mine.copy())])
+
+    def peer_row(self, row: np.ndarray) -> np.ndarray:
+        return row
+
+
+class SlowPeer(ScriptedPeer):
+    """The peer reports `factor` (4) times this rank's compute time."""
 
     def __init__(self, factor: float = 4.0):
         self.factor = factor
 
-    def allgather(self, values):
-        mine = np.asarray(values, dtype=np.float64)
-        peer = mine.copy()
-        peer[2] *= self.factor  # the smoothed compute time, after the stop flag and the lag
-        return np.vstack([mine, peer])
+    def peer_row(self, row):
+        row[2] *= self.factor  # the smoothed compute time, after the stop flag and the lag
+        return row
 
 
 def take(loader, batching, count):
@@ -77,12 +89,12 @@ class SwingingPeer(SlowPeer):
         super().__init__()
         self.gathers = 0
 
-    def allgather(self, values):
-        gathered = super().allgather(values)
+    def peer_row(self, row):
+        row = super().peer_row(row)
         self.gathers += 1
         if self.gathers % 2 == 0:
-            gathered[1, 2] /= 16
-        return gathered
+            row[2] /= 16
+        return row
 
 
 def test_splits_no_longer_in_force_are_forgotten():
@@ -135,10 +147,9 @@ def test_a_negative_warm_up_is_refused():
 class BusyPeer(SlowPeer):
     """Rank 0 of 2, whose peer is busy 10 ms a step."""
 
-    def allgather(self, values):
-        gathered = super().allgather(values)
-        gathered[1, 2] = 0.01
-        return gathered
+    def peer_row(self, row):
+        row[2] = 0.01
+        return row
 
 
 class SlowUpdateSGD(torch.optim.SGD):
@@ -223,42 +234,35 @@ def test_a_step_without_a_batch_says_what_to_do():
 class StoppingPeer(SlowPeer):
     """Rank 0 of 2, whose peer asks to stop (a SIGTERM there)."""
 
-    def allgather(self, values):
-        gathered = super().allgather(values)
-        gathered[1, 0] = 1.0  # the peer's stop flag
-        return gathered
+    peer_stops = 1.0
 
 
-def test_a_stop_asked_by_another_rank_is_known_here_at_the_next_exchange():
+def test_a_stop_asked_by_another_rank_is_known_here_at_the_end_of_the_step():
     batching = DynamicBatching(DATA, 64, StoppingPeer(), adjust_every=3)
     loader = batching.loader()
-    take(loader, batching, 2)
     assert not batching.stop_requested
     take(loader, batching, 1)
-    assert batching.stop_requested
+    assert batching.stop_requested and batching.step == 1
 
 
-class EvenPeer(Communicator):
+class EvenPeer(ScriptedPeer):
     """Rank 0 of 2, whose peer reports the same facts: the even split holds."""
-
-    rank, size, backend = 0, 2, "scripted"
-
-    def allgather(self, values):
-        mine = np.asarray(values, dtype=np.float64)
-        return np.vstack([mine, mine])
 
 
 def gather_steps(peer, batching) -> list:
-    """The list to which each of `peer`'s gathers adds the steps `batching` has done."""
+    """The list to which each of `peer`'s exchanges (not the stop polls) adds the steps
+    `batching` has done."""
     steps, gather = [], peer.allgather
-    peer.allgather = lambda values: steps.append(batching.step) or gather(values)
+    peer.allgather = lambda values: (len(values) > 1 and steps.append(batching.step)) or \
+        gather(values)
     return steps
 
 
 def test_while_the_split_holds_the_exchanges_are_spaced_out_and_nothing_is_lost():
     """Steps of microseconds here, so a hold lasts HOLD_FACTOR x adjust_every steps. A stop
-    asked in a hold is heard at its end; a change of B decided from outside ends it; the
-    saved state carries it; every step's record arrives."""
+    asked in a hold is heard at the end of the next step all the same (its poll); a change
+    of B decided from outside ends the hold; the saved state carries it; every step's record
+    arrives."""
     peer = EvenPeer()
     batching = DynamicBatching(DATA, 64, peer, adjust_every=2, untimed_steps=0,
                                controller=ControllerConfig(64, rule=Rule.P))
@@ -269,10 +273,10 @@ def test_while_the_split_holds_the_exchanges_are_spaced_out_and_nothing_is_lost(
     assert gathers == [2, 2 + hold]   # steps done at each gather
     assert batching.state_dict()["quiet_until"] == 2 + 2 * hold
     batching.request_stop()
-    take(loader, batching, hold - 2)
-    assert not batching.stop_requested
     take(loader, batching, 1)
-    assert batching.stop_requested and batching.step == 2 + 2 * hold
+    assert batching.stop_requested and gathers == [2, 2 + hold]
+    take(loader, batching, hold - 2)
+    assert batching.step == 2 + 2 * hold
     batching.set_global_batch(32, at_step=batching.step + 3)
     take(loader, batching, 4)
     assert gathers[-2:] == [2 + 2 * hold, 2 + 2 * hold + 4]

@@ -144,12 +144,13 @@ def reference(tmp_path_factory):
 
 
 class Job:
-    """A 2-rank Gloo job of COMMON with checkpoints, its ranks emulated slow (about 0.1 s a
-    step) so that a test can stop it mid-run; with `elastic`, a Horovod elastic job of one
-    host, `localhost:2`."""
+    """A 2-rank job of COMMON with checkpoints (under `launcher`, Gloo by default), its ranks
+    emulated slow (about 0.1 s a step) so that a test can stop it mid-run; with `elastic`, a
+    Horovod elastic job of one host, `localhost:2`."""
 
     def __init__(self, tmp_path, every: int, elastic: bool = False, slowdown: str = "40,120",
-                 options=()):
+                 options=(), launcher: Launcher = Launcher.GLOO):
+        tmp_path.mkdir(parents=True, exist_ok=True)
         self.ckpt, self.metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
         self.model, self.log = tmp_path / "m.pt", tmp_path / "first.log"
         self.files = ["--checkpoint-dir", str(self.ckpt), "--checkpoint-every", str(every),
@@ -161,7 +162,7 @@ class Job:
             self.files.append("--elastic")
             self.launch = dict(elastic_discovery=DISCOVER, min_np=1, max_np=2,
                                env={"HVD_DYNBATCH_HOSTS_FILE": str(hosts)})
-        self.proc = start_local(Launcher.GLOO, 2, [*CLI, "train", *COMMON, *self.files,
+        self.proc = start_local(launcher, 2, [*CLI, "train", *COMMON, *self.files,
                                                    "--slowdown", slowdown, *options],
                                 log=str(self.log), **self.launch)
 
@@ -176,18 +177,35 @@ class Job:
         return len(step_records(read_metrics(str(self.metrics)))) if self.metrics.exists() \
             else 0
 
+    def processes(self) -> list:
+        """The job's processes still alive (the launcher's and the ranks', wherever they were
+        reparented): those whose command line names its checkpoint directory."""
+        alive = []
+        for p in psutil.process_iter(["cmdline", "status"]):
+            if str(self.ckpt) in " ".join(p.info["cmdline"] or []) and \
+                    p.info["status"] != psutil.STATUS_ZOMBIE:
+                alive.append(p)
+        return alive
+
     def stopped_at(self, reasons, statuses=None) -> int:
         """The job's end after a stop: an exit status in `statuses` (default: any non-zero),
-        one message per rank (`reasons`, sorted), every rank at the same step, the one
-        checkpoint there; that step."""
+        no process left within 30 s, one message per rank (`reasons`, sorted; each a
+        message's start), every rank at the same step, the one checkpoint there; that step."""
         result = wait_local(self.proc, 120)
+        deadline = time.monotonic() + 30
+        while self.processes() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = self.processes()
+        for p in left:
+            p.kill()
         log = self.log.read_text()
-        assert not result.timed_out, log
+        assert not result.timed_out and not left, f"left {left}\n{log}"
         assert (result.returncode in statuses) if statuses else result.returncode != 0, \
             f"exit status {result.returncode}\n{log}"
-        stops = [line.split("hvd-dynbatch: error: ", 1)[1] for line in log.splitlines()
-                 if "hvd-dynbatch: error: stopped by" in line]
-        assert sorted(s.split(" at step")[0] for s in stops) == reasons, log
+        stops = sorted(line.split("hvd-dynbatch: error: ", 1)[1] for line in log.splitlines()
+                       if "hvd-dynbatch: error: stopped by" in line)
+        assert len(stops) == len(reasons) and \
+            all(s.startswith(r) for s, r in zip(stops, sorted(reasons))), log
         steps = {int(s.split(" at step ")[1].split()[0]) for s in stops}
         assert len(steps) == 1, stops
         step = steps.pop()
@@ -313,24 +331,41 @@ def test_sigterm_to_one_abs_rank_stops_every_rank_at_one_window(tmp_path):
     job.stopped_at(["stopped by SIGTERM to this rank", "stopped by a signal to another rank"])
 
 
+# What each launcher does, stopped as a user stops it (Ctrl-C in the terminal: SIGINT to its
+# process group, which holds the launcher and not the ranks; or SIGTERM to the launcher), and
+# the notice each rank then acts on (`training.stops`). Signalled, mpirun (also under
+# horovodrun --mpi) sends the ranks SIGCONT, SIGTERM 1 s later and SIGKILL 1 s after that;
+# horovodrun --mpi, SIGTERMed, ends at once and leaves mpirun and the ranks running;
+# horovodrun --gloo passes SIGTERM on and SIGKILLs what is left 5 s later.
+SIGCONT = "stopped by SIGCONT to this rank (Open MPI's notice that it kills the job)"
+LAUNCHER_STOPS = {
+    (Launcher.MPIRUN, "ctrl-c"): SIGCONT,
+    (Launcher.MPIRUN, "sigterm"): SIGCONT,
+    (Launcher.MPI, "ctrl-c"): SIGCONT,
+    (Launcher.MPI, "sigterm"): "stopped by the end of this rank's launcher",
+    (Launcher.GLOO, "ctrl-c"): "stopped by SIGTERM to this rank",
+    (Launcher.GLOO, "sigterm"): "stopped by SIGTERM to this rank",
+}
+
+
 @pytest.mark.processes
-def test_sigterm_to_horovodrun_gloo_stops_the_ranks_with_a_checkpoint(tmp_path):
-    """SIGTERM to horovodrun --gloo reaches every rank, and they stop with a checkpoint
-    (though the README advises signalling the ranks, see the last paragraph). (mpirun passes
-    SIGTERM on only after odls_base_sigkill_timeout seconds; with 3 s that stopped the ranks
-    with a checkpoint in two runs, but in a third, under the full suite's load, they wrote no
-    step after the signal and were killed without one, so the README advises signalling the
-    ranks under mpirun.)
-
-    horovodrun kills the ranks 5 s after passing SIGTERM on. At a 300x emulated slowdown a
-    stall of a few ms in a step became seconds, and in one fresh-clone run the ranks were
-    killed (exit 137) before they stopped; 60x keeps a step short of that.
-
-    horovodrun exits 1 when a rank ended non-zero (the stopped ranks end with 2); signalled,
-    it can also read a rank's status 2 as 0 (two of its threads reap the rank's shell),
-    which is why the Slurm scripts signal the ranks instead (hostfiles/README.md). Any
-    other status (a rank or horovodrun itself killed) fails."""
-    job = Job(tmp_path, every=100, slowdown="60,60")
-    job.wait_until(lambda: job.steps_written() >= 4, "4 steps")
-    job.proc.send_signal(signal.SIGTERM)
-    job.stopped_at(["stopped by SIGTERM to this rank"] * 2, statuses=(0, 1))
+@pytest.mark.parametrize("launcher, action", list(LAUNCHER_STOPS))
+def test_a_stopped_launcher_stops_every_rank_with_a_checkpoint_and_leaves_no_process(
+        tmp_path, launcher, action, reference):
+    """Twice each: steps of about 0.1 s, then of about 1 s (within Open MPI's 2 s to
+    SIGKILL, the step under way ends, then the checkpoint is written: the request travels
+    with the step's gradients, not at the next exchange). Each trial ends with the
+    checkpoint of the step where every rank stopped, every rank's line, a non-zero exit
+    (horovodrun --gloo, signalled, can read its ranks' status as 0: see hostfiles/README.md)
+    and no process left. The second trial's checkpoint resumes to the uninterrupted
+    weights."""
+    for trial, slowdown in enumerate(["40,120", "100,300"]):
+        job = Job(tmp_path / f"trial{trial}", every=100, launcher=launcher, slowdown=slowdown)
+        job.wait_until(lambda: job.steps_written() >= 4, "4 steps")
+        if action == "ctrl-c":
+            os.killpg(job.proc.pid, signal.SIGINT)   # start_local's session: pgid == pid
+        else:
+            job.proc.send_signal(signal.SIGTERM)
+        job.stopped_at([LAUNCHER_STOPS[launcher, action]] * 2,
+                       statuses=(0, 1) if launcher is Launcher.GLOO else None)
+    job.resume(launcher, 2, "1,1", reference)

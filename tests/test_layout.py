@@ -21,7 +21,7 @@ THIRD_PARTY = {
     "core": {"numpy"},
     "data": {"numpy", "torch", "PIL"},
     "backend": {"numpy", "torch", "horovod", "mpi4py"},
-    "training": {"numpy", "torch", "torchvision", "tqdm"},
+    "training": {"numpy", "torch", "torchvision", "tqdm", "psutil"},
     "tools": {"numpy", "torch", "click", "matplotlib", "psutil", "tqdm", "horovod", "mpi4py"},
 }
 HOROVOD = {"horovod", "mpi4py"}

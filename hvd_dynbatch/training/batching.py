@@ -100,12 +100,13 @@ class StepExchange:
     shares them as `StepRecord`s. Used by every step strategy (planned steps, ABS windows).
 
     It also carries stop requests: `request_stop()` on any rank (a signal handler's call)
-    makes `stop_requested` true on every rank after the next gather, so that all of them
-    stop at the same step."""
+    makes `stop_requested` true on every rank after the next gather or stop poll (a step
+    without a gather shares the request alone), so that all of them stop at the same step."""
 
     def __init__(self):
         self._facts, self._steps = [], []
         self._started = None             # a gather under way: (result, its steps, head size)
+        self._poll = None                # a stop poll under way: its result
         self._stop_here = False
         self.stop_requested = False
 
@@ -126,8 +127,8 @@ class StepExchange:
         self._steps.append((step, epoch))
 
     def clear(self) -> None:
-        """Drop the noted steps and any gather under way (a stop request stays)."""
-        self._facts, self._steps, self._started = [], [], None
+        """Drop the noted steps and any gather or poll under way (a stop request stays)."""
+        self._facts, self._steps, self._started, self._poll = [], [], None, None
 
     def start(self, comm: Communicator, head: Sequence[float] = ()) -> None:
         """Start the gather of `head` and the noted steps; the next `gather` returns it.
@@ -139,9 +140,20 @@ class StepExchange:
         self._facts, self._steps = [], []
 
     def request_stop(self) -> None:
-        """Ask every rank to stop; they learn it at the next gather. Safe in a signal
-        handler (it only sets a flag)."""
+        """Ask every rank to stop; they learn it at the next gather or poll. Safe in a
+        signal handler (it only sets a flag)."""
         self._stop_here = True
+
+    def start_poll(self, comm: Communicator) -> None:
+        """Start sharing this rank's stop request alone; `finish_poll` reads it. Collective,
+        like `start`. One value beside the step's gradients costs Horovod no extra cycle."""
+        self._poll = comm.allgather_async([float(self._stop_here)])
+
+    def finish_poll(self) -> None:
+        """Finish the poll `start_poll` began, if any. Collective."""
+        if self._poll is not None:
+            result, self._poll = self._poll, None
+            self.stop_requested = self.stop_requested or bool(result().any())
 
     def gather(self, comm: Communicator):
         """Finish the gather `start` began, or all-gather the noted steps alone if none is
@@ -265,14 +277,14 @@ class DynamicBatching:
 
     @property
     def stop_requested(self) -> bool:
-        """Whether some rank asked to stop (`request_stop`) before the last exchange: true
-        on every rank from the same step on."""
+        """Whether some rank asked to stop (`request_stop`) before the end of the last
+        step's compute: true on every rank from the same step on."""
         return self._exchange.stop_requested
 
     def request_stop(self) -> None:
-        """Ask every rank to stop: `stop_requested` turns true everywhere at the next
-        exchange (within `adjust_every` steps, or `hold_seconds` while the split holds).
-        Local; safe in a signal handler."""
+        """Ask every rank to stop: `stop_requested` turns true everywhere at the end of
+        the step under way (of the next one, once this one's compute has ended: the
+        request travels beside the gradients). Local; safe in a signal handler."""
         self._exchange.request_stop()
 
     @property
@@ -382,12 +394,12 @@ class DynamicBatching:
 
     def compute_done(self) -> None:
         """Mark the end of this step's compute (backward done) and note the step's facts,
-        with the update before it; on the last step before an exchange, start the
-        exchange's gather. The optimizer calls it when it starts to synchronize; later calls
-        in the same step are ignored.
+        with the update before it; start the exchange's gather on the last step before an
+        exchange, the stop poll on the others. The optimizer calls it when it starts to
+        synchronize; later calls in the same step are ignored.
 
-        Collective on those steps (every rank calls it, through the optimizer or
-        `step_done`). A loss for `records` must be recorded before it.
+        Collective (every rank calls it, through the optimizer or `step_done`). A loss for
+        `records` must be recorded before it.
         """
         if self._current is None or self._compute is not None:
             return
@@ -403,10 +415,12 @@ class DynamicBatching:
                 self._tuned.add(mine)
         self._exchange.add(step, plan.epoch, plan.sizes[self.rank], self._compute, self._loss,
                            self.last_update_seconds)
+        began = time.perf_counter()
         if self._exchange_due(step + 1):
-            began = time.perf_counter()
             self._exchange.start(self.comm, self._head())
-            self._starting = time.perf_counter() - began
+        else:
+            self._exchange.start_poll(self.comm)
+        self._starting = time.perf_counter() - began
 
     def gradients_reduced(self) -> None:
         """Mark that the handed-out step's allreduce has returned: the optimizer's update
@@ -438,8 +452,10 @@ class DynamicBatching:
         # Starting the gather is the exchange's cost, not the step's.
         self.last_step_seconds = now - started - self._starting
         self.last_update_seconds = 0.0 if self._reduced_at is None else now - self._reduced_at
-        self.clock += self.last_step_seconds + self._starting
-        self.exchange_seconds += self._starting
+        self._exchange.finish_poll()
+        polled = time.perf_counter() - now
+        self.clock += self.last_step_seconds + self._starting + polled
+        self.exchange_seconds += self._starting + polled
         self._current, self._position, self.step = None, after, step + 1
         if self._exchange_due(self.step):
             self.exchange()

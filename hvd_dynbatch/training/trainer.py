@@ -14,9 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import signal
 import sys
-import threading
 import time
 import zlib
 from dataclasses import asdict, dataclass, fields
@@ -41,6 +39,7 @@ from .config import Batching, OnNan, TrainConfig
 from .files import replaced_atomically
 from .metrics import MetricsWriter, SampleLog, truncate_metrics
 from .models import build_model, least_batch
+from .stops import stop_notices
 
 
 def train(config: TrainConfig, backend: Optional[Backend] = None) -> dict:
@@ -63,7 +62,7 @@ def train(config: TrainConfig, backend: Optional[Backend] = None) -> dict:
         if not config.elastic:
             trainer.join_world(comm, committed)
     with _last_collective_done(backend):
-        with _stop_on_signals(trainer):
+        with stop_notices(trainer.request_stop):
             if config.elastic:
                 from .elastic import run_elastic
 
@@ -127,31 +126,9 @@ def _every_rank_starts(comm: Communicator, backend: Backend):
 
 
 class Stopped(DynBatchError):
-    """The run stopped early on a signal (SIGTERM, SIGINT) to some rank, every rank at the
-    same step, after writing a checkpoint if it has a checkpoint directory."""
-
-
-@contextlib.contextmanager
-def _stop_on_signals(trainer):
-    """SIGTERM or SIGINT (Slurm's notice before it kills a job, Ctrl-C) asks every rank to
-    stop at the next exchange (`Trainer.loop` then checkpoints and raises `Stopped`). A second
-    SIGINT interrupts at once. Only in the main thread, where Python runs signal handlers."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        if signum == signal.SIGINT and trainer.stop_signal is not None:
-            raise KeyboardInterrupt
-        trainer.stop_signal = signal.Signals(signum).name
-        trainer.steps.request_stop()
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+    """The run stopped early on a notice to some rank (a signal, its launcher's end: see
+    `stops`), every rank at the same step, after writing a checkpoint if it has a checkpoint
+    directory."""
 
 
 @dataclass
@@ -233,7 +210,7 @@ class Trainer:
                                           writer=self.comm.rank == 0)
                             if config.checkpoint_dir else None)
         self._resumed_from = None     # the checkpoint restored, until join_world reports it
-        self.stop_signal = None       # the name of the signal that asked this rank to stop
+        self.stop_reason = None       # what asked this rank to stop ("SIGTERM to this rank")
         self._info = {}               # step -> this rank's facts for the step's metrics record
         self._last_sizes = []
         self.through_host = False     # whether the reductions go through host memory
@@ -250,6 +227,12 @@ class Trainer:
     @property
     def optimizer(self):
         return self.steps.optimizer
+
+    def request_stop(self, reason: str) -> None:
+        """Ask every rank to stop at the end of the step under way, for `reason` (a notice
+        this rank had, see `stops`). Safe in a signal handler and from another thread."""
+        self.stop_reason = reason
+        self.steps.request_stop()
 
     def join_world(self, comm: Communicator, committed: Optional[dict] = None) -> None:
         """Bind to the ranks of `comm`, from `committed` (a `state_dict()`) if given.
@@ -399,7 +382,7 @@ class Trainer:
     def _stop(self) -> None:
         """Every rank, at the same step: write a checkpoint if there is a directory for one,
         then raise `Stopped`."""
-        who = f"{self.stop_signal} to this rank" if self.stop_signal else "a signal to another rank"
+        who = self.stop_reason or "a signal to another rank"
         if self.checkpoints is None:
             raise Stopped(f"stopped by {who} at step {self.steps.step}; no --checkpoint-dir, "
                           f"so nothing was saved")
