@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import threading
 import time
@@ -33,31 +34,39 @@ LOOK_EVERY = 5        # ticks between looks at the launcher's processes
 def stop_notices(request: Callable[[str], None]):
     """Call `request(reason)` once, on the first notice that the job is being stopped (see
     the module docstring), while the block runs. Signal handlers need the main thread;
-    elsewhere nothing is installed."""
+    elsewhere nothing is installed.
+
+    Python runs a signal's handler in the main thread only once that thread is back in
+    Python, which a blocking call (a wait in Horovod, a long kernel) can put off; so the
+    signals also reach the watcher thread at once, through the wakeup file descriptor that
+    CPython's C-level handler writes each signal's number to."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    watcher = _Watcher(request, launcher_chain())
-    asked = []
+    reader, writer = os.pipe()
+    os.set_blocking(writer, False)
+    watcher = _Watcher(request, launcher_chain(), reader)
+    interrupted = []
 
     def handler(signum, frame):
-        if signum == signal.SIGINT and asked:
-            raise KeyboardInterrupt
-        if signum == signal.SIGCONT:
-            watcher.continued = time.monotonic()
-            return
-        asked.append(signum)
-        watcher.ask(f"{signal.Signals(signum).name} to this rank")
+        if signum == signal.SIGINT:
+            if interrupted:
+                raise KeyboardInterrupt
+            interrupted.append(signum)
 
     previous = {sig: signal.signal(sig, handler)
                 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCONT)}
+    previous_fd = signal.set_wakeup_fd(writer, warn_on_full_buffer=False)
     watcher.start()
     try:
         yield
     finally:
-        watcher.stop()
+        signal.set_wakeup_fd(previous_fd)
         for sig, old in previous.items():
             signal.signal(sig, old)
+        watcher.stop()
+        os.close(reader)
+        os.close(writer)
 
 
 def launcher_chain(pid: Optional[int] = None) -> List[Tuple[int, float, str]]:
@@ -91,44 +100,48 @@ def _launcher_name(cmdline: List[str]) -> Optional[str]:
 
 
 class _Watcher(threading.Thread):
-    """A daemon thread that looks every `TICK` seconds: at the launcher's processes (gone:
-    a notice) and at a SIGCONT the handler noted (a notice unless the process had been
-    stopped). `ask` passes the first notice on; later ones are dropped."""
+    """A daemon thread that reads the signals' numbers from `signals` (a pipe's read end)
+    and looks at least every `TICK` seconds: at the launcher's processes (gone: a notice)
+    and at a SIGCONT (a notice unless the process had been stopped, which shows as a late
+    tick). The first notice goes to `request`; later ones are dropped."""
 
-    def __init__(self, request: Callable[[str], None], chain):
+    def __init__(self, request: Callable[[str], None], chain, signals: int):
         super().__init__(name="hvd-dynbatch-stop-notices", daemon=True)
-        self._request, self._chain = request, chain
+        self._request, self._chain, self._signals = request, chain, signals
         self._done = threading.Event()
         self._asked = False
-        self.continued = None         # when a SIGCONT came, until the watcher has judged it
         self._resumed = -float("inf")  # when the last stall ended
 
-    def ask(self, reason: str) -> None:
+    def stop(self) -> None:
+        self._done.set()
+        self.join()
+
+    def _ask(self, reason: str) -> None:
         if not self._asked:
             self._asked = True
             self._request(reason)
 
-    def stop(self) -> None:
-        self._done.set()
-
     def run(self) -> None:
         before, ticks = time.monotonic(), 0
-        while not self._done.wait(TICK):
+        while not self._done.is_set():
+            ready, _, _ = select.select([self._signals], [], [], TICK)
             now = time.monotonic()
             if now - before > STALL:
                 self._resumed = now
-            before, ticks = now, ticks + 1
-            continued = self.continued
-            # Judged a tick later, so that a stall's end is seen whichever came first.
-            if continued is not None and now - continued >= TICK:
-                self.continued = None
-                if abs(self._resumed - continued) > STALL:
-                    self.ask("SIGCONT to this rank (Open MPI's notice that it kills the job)")
-            if self._chain and ticks % LOOK_EVERY == 0:
-                gone = self._gone()
-                if gone is not None:
-                    self.ask(f"the end of this rank's launcher ({gone})")
-                    self._chain = []
+            for number in os.read(self._signals, 64) if ready else b"":
+                # This thread was stopped too: a stall ends at the latest where it reads the
+                # SIGCONT that ended it.
+                if number == signal.SIGCONT and now - self._resumed > STALL:
+                    self._ask("SIGCONT to this rank (Open MPI's notice that it kills the job)")
+                elif number in (signal.SIGTERM, signal.SIGINT):
+                    self._ask(f"{signal.Signals(number).name} to this rank")
+            if now - before >= TICK:
+                before, ticks = now, ticks + 1
+                if self._chain and ticks % LOOK_EVERY == 0:
+                    gone = self._gone()
+                    if gone is not None:
+                        self._ask(f"the end of this rank's launcher ({gone})")
+                        self._chain = []
 
     def _gone(self) -> Optional[str]:
         """The first watched process that has ended, as 'name, pid N', or None."""
