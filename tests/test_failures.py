@@ -5,7 +5,7 @@ import torch
 
 from hvd_dynbatch.data.datasets import write_image_folder
 from hvd_dynbatch.tools.launch import Launcher
-from hvd_dynbatch.training.metrics import step_records
+from hvd_dynbatch.training.metrics import read_metrics, step_records
 from launcher import CLI, expect_user_error, run_cli, run_ranks, train_one_process
 
 pytestmark = pytest.mark.processes
@@ -15,22 +15,46 @@ DIVERGING = ["train", "--model", "mlp", "--lr", "1e6", "--global-batch", "64", "
              "20", "--no-progress"]
 
 
-def test_a_nonfinite_loss_stops_every_rank_at_its_step(tmp_path):
-    model = tmp_path / "model.pt"
-    job = run_ranks(Launcher.GLOO, 2, [*CLI, *DIVERGING, "--save-model", str(model)])
+def errors_of(job) -> list:
+    return [line.split("hvd-dynbatch: error: ", 1)[1]
+            for line in job.job.stderr.splitlines() if "hvd-dynbatch: error: " in line]
+
+
+def test_a_nonfinite_loss_stops_every_rank_at_its_step_and_the_metrics_say_so(tmp_path):
+    model, metrics = tmp_path / "model.pt", tmp_path / "m.jsonl"
+    job = run_ranks(Launcher.GLOO, 2, [*CLI, *DIVERGING, "--save-model", str(model),
+                                       "--metrics", str(metrics)])
     assert job.returncode != 0, job.explain()
-    errors = [line.split("hvd-dynbatch: error: ", 1)[1]
-              for line in job.job.stderr.splitlines() if "hvd-dynbatch: error: " in line]
+    errors = errors_of(job)
     assert len(errors) == 2 and errors[0] == errors[1], job.explain()
     assert "is not finite" in errors[0] and "lr 1e+06" in errors[0]
     # No rank prints a traceback (horovodrun itself still prints its own on a failed job).
     assert "<stderr>:Traceback" not in job.job.stderr and not model.exists()
+    # Every step up to the stop is written, the last one marked, and then the stop.
+    records = read_metrics(str(metrics))
+    steps, stop = step_records(records), records[-1]
+    assert [r["step"] for r in steps] == list(range(len(steps))) and steps[-1]["skipped"]
+    assert stop == {"type": "stop", "step": len(steps), "reason": errors[0]}
+
+
+def test_on_nan_skip_stops_past_its_limit_of_steps_in_a_row_and_saves_nothing(tmp_path):
+    model, metrics = tmp_path / "model.pt", tmp_path / "m.jsonl"
+    job = run_ranks(Launcher.GLOO, 2, [*CLI, *DIVERGING, "--on-nan", "skip", "--skip-limit",
+                                       "4", "--save-model", str(model), "--metrics",
+                                       str(metrics)])
+    assert job.returncode != 0, job.explain()
+    errors = errors_of(job)
+    assert len(errors) == 2 and errors[0] == errors[1], job.explain()
+    assert "the gradients of the last 4 steps" in errors[0] and "--skip-limit 4" in errors[0]
+    assert not model.exists()
+    steps = step_records(read_metrics(str(metrics)))
+    assert [r.get("skipped", False) for r in steps[-4:]] == [True] * 4 and len(steps) < 20
 
 
 @pytest.mark.parametrize("batching", [[], ["--batching", "abs", "--staleness", "predict"]])
 def test_on_nan_skip_goes_on_without_applying_such_steps(tmp_path, batching):
-    weights, records = train_one_process([*DIVERGING[1:], "--on-nan", "skip", *batching],
-                                         tmp_path)
+    weights, records = train_one_process([*DIVERGING[1:], "--on-nan", "skip", "--skip-limit",
+                                          "100", *batching], tmp_path)
     summary = records[-1]
     skipped = [r["step"] for r in step_records(records) if r.get("skipped")]
     assert summary["steps"] == 20 and len(skipped) > 0
@@ -79,6 +103,10 @@ def test_a_bad_image_is_named_or_skipped_and_counted(tmp_path):
     out = run_cli(["train", *args, "--no-progress"])
     expect_user_error(out, "cannot read image")
     assert any(str(f) in out.stderr for f in (truncated, empty)), out.stderr
+    # Read in loader workers, the same one line (not the worker's traceback inside it).
+    workers = run_cli(["train", *args, "--no-progress", "--loader-workers", "2"])
+    expect_user_error(workers, "cannot read image")
+    assert len(workers.stderr.strip().splitlines()) == 1, workers.stderr
     _, records = train_one_process([*args, "--skip-bad-samples", "--loader-workers", "1"],
                                    tmp_path)
     # Both files are in each of the two epochs' 20 samples, replaced each time.

@@ -160,6 +160,9 @@ def _configured(*decls, **kwargs):
 @_configured("--on-nan", type=click.Choice([o.value for o in OnNan]),
              help="A step whose gradient is not finite is never applied: stop the run with "
                   "an error, or skip the step and go on.")
+@_configured("--skip-limit",
+             help="Under --on-nan skip: this many steps in a row not applied stop the run as "
+                  "--on-nan stop does.")
 @_configured("--skip-bad-samples", is_flag=True,
              help="Replace an image that cannot be decoded by the next readable one (counted "
                   "in the summary) instead of stopping with an error naming it.")

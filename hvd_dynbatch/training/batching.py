@@ -661,6 +661,17 @@ def _weighted_mean(values: np.ndarray, weights: np.ndarray) -> float:
     return float(np.dot(values[keep], weights[keep]) / weights[keep].sum())
 
 
+def _unwrapped(error: Exception) -> str:
+    """The message of an error raised in a DataLoader worker, which the DataLoader re-raises
+    in this process with "Caught ... in DataLoader worker process N" and the worker's
+    traceback around it; any other error's message as it is."""
+    text = str(error)
+    name = f"{type(error).__module__}.{type(error).__qualname__}: "
+    if text.startswith("Caught ") and name in text:
+        return text.rsplit(name, 1)[1].strip()
+    return text
+
+
 class _BatchSampler:
     """The DataLoader's batch sampler: the steps `DynamicBatching` plans."""
 
@@ -689,5 +700,7 @@ class _StepLoader(DataLoader):
                 batch = next(batches)
             except StopIteration:
                 return
+            except DynBatchError as error:
+                raise type(error)(_unwrapped(error)) from None
             self._batching._hand_out(started)
             yield batch

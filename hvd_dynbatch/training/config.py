@@ -67,7 +67,8 @@ class TrainConfig:
 
     A step whose reduced gradient is not finite (a NaN or infinite loss) is not applied;
     `on_nan` says whether the run then stops (on every rank, with an error) or goes on (the
-    summary counts such steps). Under `amp` "fp16" a step whose scaled gradient overflowed is
+    summary counts such steps), up to `skip_limit` such steps in a row, where it stops as
+    under "stop". Under `amp` "fp16" a step whose scaled gradient overflowed is
     skipped and the loss scale lowered, whatever `on_nan` says (the summary counts those
     apart). `fp16_allreduce` sends the gradients as float16 (Horovod's compression);
     `channels_last` lays images out NHWC, and `cudnn_benchmark` lets cuDNN time its
@@ -134,6 +135,7 @@ class TrainConfig:
     window_gain: float = WindowRule.gain
     staleness: Staleness = Staleness.PREDICT
     on_nan: OnNan = OnNan.STOP
+    skip_limit: int = 10
     skip_bad_samples: bool = False
     checkpoint_dir: Optional[str] = None
     checkpoint_every: int = 100
@@ -174,7 +176,7 @@ class TrainConfig:
                                 f"{', '.join(RULES)}")
         for name in ("global_batch", "adjust_every", "min_batch", "timing_window",
                      "threads", "smooth_steps", "commit_every", "micro_batch",
-                     "checkpoint_every", "checkpoint_keep"):
+                     "checkpoint_every", "checkpoint_keep", "skip_limit"):
             if getattr(self, name) < 1:
                 raise DynBatchError(f"--{name.replace('_', '-')} must be positive, "
                                     f"got {getattr(self, name)}")

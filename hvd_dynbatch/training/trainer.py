@@ -71,7 +71,7 @@ def train(config: TrainConfig, backend: Optional[Backend] = None) -> dict:
                 trainer.bind_device()
                 backend.broadcast_parameters(trainer.model)
                 trainer.loop()
-        if trainer.checkpoints is not None:
+        if trainer.checkpoints is not None and trainer.weights_finite():
             trainer.save_checkpoint()
     return trainer.finish()
 
@@ -144,6 +144,7 @@ class RunState:
     last_eval_step: Optional[int] = None
     time_to_target: Optional[float] = None
     skipped_steps: int = 0            # steps not applied: their gradient was not finite
+    skipped_in_a_row: int = 0         # of which the last ones, up to the last step applied
     final_update_skipped: bool = False  # ABS-SGD: the update after the last step, likewise
     overflow_steps: int = 0           # steps skipped by the fp16 loss scaler (overflow)
     checkpoint_seconds: float = 0.0   # spent writing checkpoints (rank 0's, which others wait)
@@ -344,8 +345,14 @@ class Trainer:
                 info = steps.train_step(self.schedule.lr(step), self.emulator,
                                         self.samples_log, self.run.generation)
                 self._info[step] = {"step": step, "generation": self.run.generation,
-                                    "time": steps.clock, **info,
-                                    **self._check_finite(step, info["lr"])}
+                                    "time": steps.clock, **info}
+                try:
+                    self._info[step].update(self._check_finite(step, info["lr"]))
+                except DynBatchError as error:
+                    # Every rank stops here alike (the reduced gradient is the same).
+                    self._info[step]["skipped"] = True
+                    self._record_stop(str(error))
+                    raise
                 if self.emulator.calibrated(step):
                     self._info[step]["emulator_calibration"] = True
                 last = steps.step == total
@@ -384,11 +391,20 @@ class Trainer:
         then raise `Stopped`."""
         who = self.stop_reason or "a signal to another rank"
         if self.checkpoints is None:
-            raise Stopped(f"stopped by {who} at step {self.steps.step}; no --checkpoint-dir, "
-                          f"so nothing was saved")
-        self.save_checkpoint()
-        raise Stopped(f"stopped by {who} at step {self.steps.step} with a checkpoint in "
-                      f"{self.cfg.checkpoint_dir}; the same command with --resume goes on")
+            stop = Stopped(f"stopped by {who} at step {self.steps.step}; no --checkpoint-dir, "
+                           f"so nothing was saved")
+        else:
+            self.save_checkpoint()
+            stop = Stopped(f"stopped by {who} at step {self.steps.step} with a checkpoint in "
+                           f"{self.cfg.checkpoint_dir}; the same command with --resume goes on")
+        self._record_stop(str(stop))
+        raise stop
+
+    def _record_stop(self, reason: str) -> None:
+        """Write the steps not yet written and a record of the stop (collective: every rank
+        stops at the same step)."""
+        self._write(self.steps.exchange())
+        self.metrics.write({"type": "stop", "step": self.steps.step, "reason": reason})
 
     def _drain(self) -> bool:
         """Apply ABS-SGD's pending update, the last window's, and check it; whether there was
@@ -407,20 +423,28 @@ class Trainer:
         `drained` update, the last window's, comes after the last step's record is written:
         `final_update_skipped` says it was skipped, so the summary's count of skipped steps
         is the number of records marked."""
+        run = self.run
         if self.steps.finite:
+            run.skipped_in_a_row = 0
             return {}
         if self.steps.overflowed:
-            self.run.overflow_steps += 1
+            run.overflow_steps += 1
             return {"skipped": True, "overflow": True}
         if drained:
-            self.run.final_update_skipped = True
+            run.final_update_skipped = True
         else:
-            self.run.skipped_steps += 1
+            run.skipped_steps += 1
+        run.skipped_in_a_row += 1
         if self.cfg.on_nan is OnNan.STOP:
             raise DynBatchError(
                 f"the gradient of step {step} is not finite (the loss is NaN or infinite, "
                 f"lr {lr:g}); the update was not applied and the run stops. Lower --lr, or "
                 f"pass --on-nan skip to skip such steps")
+        if run.skipped_in_a_row >= self.cfg.skip_limit:
+            raise DynBatchError(
+                f"the gradients of the last {run.skipped_in_a_row} steps, up to step {step}, "
+                f"were not finite (lr {lr:g}); past --skip-limit {self.cfg.skip_limit} the "
+                f"run stops as under --on-nan stop. Lower --lr")
         return {"skipped": True}
 
     def _write(self, records: list) -> bool:
@@ -439,13 +463,26 @@ class Trainer:
         return bool(records)
 
     def finish(self) -> dict:
-        """Write the summary (and the model, on rank 0); return the summary."""
+        """Write the summary (and the model, on rank 0); return the summary. Weights that
+        are not finite are neither saved nor returned as a success: the same error on every
+        rank (they hold the same weights). A run that skipped steps says how many."""
         summary = self._summary()
         self.metrics.write(summary)
         self.metrics.set_path(None)
+        if not self.weights_finite():
+            raise DynBatchError("the final weights are not finite (NaN or infinite), so "
+                                "they were not saved; lower --lr")
+        if self.run.skipped_steps:
+            self._say(f"warning: {self.run.skipped_steps} of {self.steps.step} steps were "
+                      f"not applied (their gradients were not finite; --on-nan skip)")
         if self.comm.rank == 0 and self.cfg.save_model:
             _save_atomically(self.model.state_dict(), self.cfg.save_model)
         return summary
+
+    def weights_finite(self) -> bool:
+        """Whether every weight and buffer is finite (the same answer on every rank)."""
+        return all(torch.isfinite(v).all() for v in self.model.state_dict().values()
+                   if v.is_floating_point())
 
     def _progress_bar(self, total: int):
         if self.comm.rank != 0 or not self.cfg.progress:
