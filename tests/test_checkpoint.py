@@ -42,6 +42,27 @@ class TestCheckpointDir:
         with pytest.raises(DynBatchError, match="cannot read checkpoint .*checkpoint-000000007"):
             CheckpointDir.load(CheckpointDir(str(tmp_path)).latest())
 
+    def test_an_unreadable_newest_one_is_set_aside_for_the_one_before(self, tmp_path):
+        saved = CheckpointDir(str(tmp_path))
+        for step in (4, 8):
+            saved.save({"step": step}, step)
+        (tmp_path / "checkpoint-000000012.pt").write_bytes(b"cut short")
+        said = []
+        path, state = saved.newest_readable(said.append)
+        assert (path.name, state) == ("checkpoint-000000008.pt", {"step": 8})
+        assert len(said) == 1 and said[0].startswith("warning: skipping cannot read "
+                                                     "checkpoint") and "000000012" in said[0]
+        assert (tmp_path / "checkpoint-000000012.pt.unreadable").exists()
+        assert saved.latest().name == "checkpoint-000000008.pt"
+
+    def test_when_none_can_be_read_the_error_says_what_to_do(self, tmp_path):
+        (tmp_path / "checkpoint-000000004.pt").write_bytes(b"")
+        reader = CheckpointDir(str(tmp_path), writer=False)
+        with pytest.raises(DynBatchError, match="none of the 1 checkpoints .* remove them"):
+            reader.newest_readable(lambda message: None)
+        assert (tmp_path / "checkpoint-000000004.pt").exists()   # a reader moves nothing
+        assert CheckpointDir(str(tmp_path / "empty")).newest_readable(print) is None
+
     def test_an_unwritable_directory_is_a_clear_error(self, tmp_path):
         (tmp_path / "file").write_text("")
         with pytest.raises(DynBatchError, match="cannot use --checkpoint-dir"):
@@ -129,6 +150,26 @@ def test_resume_without_a_checkpoint_starts_fresh_and_a_changed_setting_is_refus
                                "--resume", "--global-batch", "32", "--no-progress"]),
                       "was written with --global-batch 64 (now 32)")
     expect_user_error(run_cli(["train", "--resume"]), "give the directory")
+
+
+@pytest.mark.processes
+def test_resume_skips_an_unreadable_newest_checkpoint_and_a_killed_saves_leftover_is_removed(
+        tmp_path):
+    ckpt, model = tmp_path / "ckpt", tmp_path / "model.pt"
+    args = ["train", "--model", "mlp", "--global-batch", "32", "--max-steps", "8",
+            "--checkpoint-dir", str(ckpt), "--checkpoint-every", "4", "--no-progress",
+            "--save-model", str(model)]
+    assert run_cli(args).returncode == 0
+    (ckpt / "checkpoint-000000008.pt").write_bytes(b"cut short")
+    # A model save killed mid-write (its PID above Linux's largest, so never alive).
+    leftover = tmp_path / "model.pt.tmp.4194311"
+    leftover.write_bytes(b"half a model")
+    out = run_cli([*args, "--resume"])
+    assert out.returncode == 0, out.stderr
+    assert "warning: skipping cannot read checkpoint" in out.stderr and \
+        "checkpoint-000000008.pt" in out.stderr
+    assert "resuming from" in out.stderr and "checkpoint-000000004.pt at step 4" in out.stderr
+    assert not leftover.exists() and model.exists()
 
 
 # No batch norm: a split step's update equals the one-rank step to rounding.

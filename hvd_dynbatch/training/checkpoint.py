@@ -43,7 +43,7 @@ class CheckpointDir:
     def __init__(self, directory: str, keep: int = 3, writer: bool = True):
         if keep < 1:
             raise DynBatchError(f"keep at least one checkpoint, got {keep}")
-        self.directory, self.keep = Path(directory), keep
+        self.directory, self.keep, self.writer = Path(directory), keep, writer
         if writer:
             try:
                 self.directory.mkdir(parents=True, exist_ok=True)
@@ -82,6 +82,25 @@ class CheckpointDir:
         for old in self.checkpoints()[:-self.keep]:
             old.unlink(missing_ok=True)
         return path
+
+    def newest_readable(self, warn) -> Optional[tuple]:
+        """(path, state) of the newest checkpoint that can be read, or None if there is
+        none. An unreadable newer one (a disk that filled, a copy cut short) is named through
+        `warn(message)` and, by the writer, set aside as `NAME.unreadable`; if none can be
+        read, the error names the newest and what to do."""
+        found = self.checkpoints()
+        for path in reversed(found):
+            try:
+                return path, self.load(path)
+            except DynBatchError as exc:
+                warn(f"warning: skipping {exc}")
+                if self.writer:
+                    path.rename(path.with_name(path.name + ".unreadable"))
+        if found:
+            raise DynBatchError(f"none of the {len(found)} checkpoints in {self.directory} "
+                                f"can be read (see the warnings); remove them to start "
+                                f"fresh, or give another --checkpoint-dir")
+        return None
 
     @staticmethod
     def load(path: Path) -> dict:

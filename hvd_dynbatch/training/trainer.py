@@ -36,7 +36,7 @@ from ..data.datasets import load_dataset
 from ..errors import DynBatchError
 from .checkpoint import CheckpointDir, check_fingerprint, fingerprint, rng_state, set_rng_state
 from .config import Batching, OnNan, TrainConfig
-from .files import replaced_atomically
+from .files import remove_stray_temporaries, replaced_atomically
 from .metrics import MetricsWriter, SampleLog, truncate_metrics
 from .models import build_model, least_batch
 from .stops import stop_notices
@@ -202,6 +202,8 @@ class Trainer:
                                  ("--save-model", config.save_model)):
                 if path:
                     _check_writable(path, option)
+            if config.save_model:
+                remove_stray_temporaries(config.save_model)
         self.metrics = MetricsWriter(None)
         self.samples_log = SampleLog(config.sample_log)
         self.emulator = Emulator(None, 0, 1)
@@ -305,11 +307,11 @@ class Trainer:
         generators; return the trainer's state to `join_world` with (None, and a fresh
         start, if there is no checkpoint). Rank 0 cuts the metrics file back to the
         checkpoint's step. Local: every rank reads the file itself."""
-        path = self.checkpoints.latest()
-        if path is None:
+        found = self.checkpoints.newest_readable(self._say)
+        if found is None:
             self._say(f"no checkpoint in {self.cfg.checkpoint_dir}: starting fresh")
             return None
-        state = CheckpointDir.load(path)
+        path, state = found
         check_fingerprint(state["fingerprint"], self.cfg, path)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
