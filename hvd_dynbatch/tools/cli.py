@@ -185,8 +185,10 @@ def train(**options):
     except Exception as exc:
         if not stopped_by_peer(exc):
             raise
-        raise DynBatchError(f"another rank failed, so this one stopped ({exc}); add --elastic "
-                            f"(under horovodrun's elastic mode) to survive lost workers") from None
+        raise DynBatchError(f"another rank failed, so this one stopped ({exc}); that rank's "
+                            f"own error says why (a worker lost with its node, not an error, "
+                            f"is survived by --elastic under horovodrun's elastic mode)") \
+            from None
     if summary["rank"] == 0:
         click.echo(_summary_line(summary))
 
