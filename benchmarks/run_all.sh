@@ -47,6 +47,7 @@ section "ImageNet subset" "$PY" imagenet_subset.py
 section "Elastic learning-rate rules" "$PY" elastic_lr.py --plots plots.tmp
 section "ABS-SGD" "$PY" abs_compare.py
 section "Checkpoints" "$PY" checkpoint_cost.py
+section "Stops" "$PY" stops.py
 
 {
     echo
