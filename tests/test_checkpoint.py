@@ -27,20 +27,20 @@ class TestCheckpointDir:
             saved.save({"step": step}, step)
         assert [p.name for p in saved.checkpoints()] == ["checkpoint-000000010.pt",
                                                          "checkpoint-000000015.pt"]
-        assert CheckpointDir.load(saved.latest()) == {"step": 15}
+        assert CheckpointDir.load(saved.checkpoints()[-1]) == {"step": 15}
         assert sorted(p.name for p in tmp_path.iterdir()) == [
             "checkpoint-000000010.pt", "checkpoint-000000015.pt"]
 
     def test_a_killed_writers_temporary_file_is_removed_and_never_read(self, tmp_path):
         (tmp_path / ".tmp-checkpoint-20-1234").write_bytes(b"half a checkpoint")
-        assert CheckpointDir(str(tmp_path), writer=False).latest() is None
+        assert CheckpointDir(str(tmp_path), writer=False).checkpoints() == []
         CheckpointDir(str(tmp_path))
         assert list(tmp_path.iterdir()) == []
 
     def test_an_unreadable_checkpoint_is_named(self, tmp_path):
         (tmp_path / "checkpoint-000000007.pt").write_bytes(b"not torch")
         with pytest.raises(DynBatchError, match="cannot read checkpoint .*checkpoint-000000007"):
-            CheckpointDir.load(CheckpointDir(str(tmp_path)).latest())
+            CheckpointDir.load(CheckpointDir(str(tmp_path)).checkpoints()[-1])
 
     def test_an_unreadable_newest_one_is_set_aside_for_the_one_before(self, tmp_path):
         saved = CheckpointDir(str(tmp_path))
@@ -53,7 +53,7 @@ class TestCheckpointDir:
         assert len(said) == 1 and said[0].startswith("warning: skipping cannot read "
                                                      "checkpoint") and "000000012" in said[0]
         assert (tmp_path / "checkpoint-000000012.pt.unreadable").exists()
-        assert saved.latest().name == "checkpoint-000000008.pt"
+        assert saved.checkpoints()[-1].name == "checkpoint-000000008.pt"
 
     def test_when_none_can_be_read_the_error_says_what_to_do(self, tmp_path):
         (tmp_path / "checkpoint-000000004.pt").write_bytes(b"")

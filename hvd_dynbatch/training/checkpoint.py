@@ -63,11 +63,6 @@ class CheckpointDir:
                  if (m := _NAME.fullmatch(p.name))]
         return [p for _, p in sorted(found)]
 
-    def latest(self) -> Optional[Path]:
-        """The newest checkpoint, or None."""
-        found = self.checkpoints()
-        return found[-1] if found else None
-
     def save(self, state: dict, step: int) -> Path:
         """Write `state` as the checkpoint of `step`, atomically; drop all but the newest
         `keep`. Returns its path."""

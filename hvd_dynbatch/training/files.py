@@ -28,18 +28,10 @@ def replaced_atomically(path, tmp: Optional[Path] = None):
 def remove_stray_temporaries(path) -> None:
     """Remove the temporary files `replaced_atomically` left for `path` when a writer was
     killed mid-write (`PATH.tmp.PID` of a process that is gone)."""
+    import psutil
+
     path = Path(path)
     for stray in path.parent.glob(f"{path.name}.tmp.*"):
         pid = stray.name.rsplit(".", 1)[1]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
             stray.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from ..backend.backends import Backend, HorovodBackend
 from ..backend.device import parameters_device, resolve_device, to_device
 from ..backend.host_memory import keep_freed_memory
+from ..backend.weighting import all_finite
 from ..backend.comm import Communicator
 from ..core.controller import BatchController
 from ..core.heterogeneity import Emulator, Slowdown
@@ -483,8 +484,7 @@ class Trainer:
 
     def weights_finite(self) -> bool:
         """Whether every weight and buffer is finite (the same answer on every rank)."""
-        return all(torch.isfinite(v).all() for v in self.model.state_dict().values()
-                   if v.is_floating_point())
+        return all_finite(v for v in self.model.state_dict().values() if v.is_floating_point())
 
     def _progress_bar(self, total: int):
         if self.comm.rank != 0 or not self.cfg.progress:
